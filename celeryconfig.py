@@ -1,0 +1,61 @@
+"""Celery's settings for notifier, each with the reason it is set.
+
+Loaded by ``notifier.tasks`` with ``app.config_from_object("celeryconfig")``. Values that an
+operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER_*``).
+"""
+
+from notifier.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.redis_url
+# Results are never read: tasks record their outcome in PostgreSQL.
+task_ignore_result = True
+result_backend = None
+
+task_serializer = "json"
+accept_content = ["json"]
+timezone = "UTC"
+enable_utc = True
+
+# A task is acknowledged after it ran, and a worker killed mid-task hands it back; a dispatch
+# is safe to repeat because every row it touches is claimed in the database.
+task_acks_late = True
+task_reject_on_worker_lost = True
+# One message at a time per process: a busy process must not sit on dispatches others could run.
+worker_prefetch_multiplier = 1
+# Each dispatch hands over to a fresh task after its budget; the limits sit well above it and
+# above the per-call network timeouts, so they fire only on a genuine hang.
+task_soft_time_limit = int(_settings.dispatch_budget_seconds + 4 * _settings.smtp_timeout + 60)
+task_time_limit = task_soft_time_limit + 30
+# With late acks, a task whose connection to Redis was lost would be redelivered while it still
+# runs; cancel it instead (its claimed rows are protected by their lease and claim token).
+worker_cancel_long_running_tasks_on_connection_loss = True
+broker_transport_options = {
+    # Redis redelivers unacknowledged messages after this; keep it above the hard time limit.
+    "visibility_timeout": task_time_limit * 2,
+    "socket_timeout": 10,
+    "socket_connect_timeout": 10,
+}
+broker_connection_retry_on_startup = True
+# Recycle worker processes now and then, so slow leaks in a provider library cannot grow forever.
+worker_max_tasks_per_child = 1000
+worker_max_memory_per_child = 512_000  # KiB
+# Let Flower and `celery events` see tasks.
+worker_send_task_events = True
+task_send_sent_event = True
+
+_interval = _settings.dispatch_interval
+beat_schedule = {
+    "dispatch": {
+        "task": "notifier.dispatch",
+        "schedule": _interval,
+        # A trigger that was not picked up before the next one is useless: drop it.
+        "options": {"expires": max(_interval * 0.9, 0.5)},
+    },
+    "rescue": {
+        "task": "notifier.rescue",
+        "schedule": max(_interval, 5.0),
+        "options": {"expires": max(_interval * 0.9, 0.5)},
+    },
+}

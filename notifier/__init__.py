@@ -1,0 +1,8 @@
+"""notifier: deliver the rows of a PostgreSQL ``notifications`` table by email, webhook and more.
+
+Producers need only ``enqueue`` and ``cancel``; the Celery app lives in ``notifier.tasks``.
+"""
+
+from notifier.client import Enqueued, cancel, enqueue
+
+__all__ = ["Enqueued", "cancel", "enqueue"]

@@ -1,0 +1,178 @@
+"""The ``notifier`` command: ``migrate``, ``send``, ``stats``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from notifier import client, store
+from notifier.settings import get_settings
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str) -> timedelta:
+    """``90s``, ``15m``, ``24h``, ``7d`` -> a timedelta."""
+    match = _DURATION.match(value.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration: use a number and s, m, h or d (e.g. 24h)"
+        )
+    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+
+
+def parse_when(value: str) -> datetime:
+    """An ISO 8601 time; without a zone it is taken as UTC."""
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an ISO 8601 time (e.g. 2026-12-01T09:00:00+00:00)"
+        ) from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _payload(value: str) -> dict[str, object]:
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--payload is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("--payload must be a JSON object")
+    return data
+
+
+def alembic_dir() -> Path:
+    """The migrations: beside the package in a checkout or the image."""
+    return Path(__file__).resolve().parent.parent / "alembic"
+
+
+def migrate(database_url: str | None = None) -> None:
+    """Create the database if it does not exist, then upgrade it to the newest schema."""
+    from alembic import command
+    from alembic.config import Config
+
+    url = make_url(database_url or get_settings().database_url)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
+        ).first()
+        if not exists:
+            quoted = conn.dialect.identifier_preparer.quote(url.database or "notifier")
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
+            print(f"created database {url.database}")
+    admin.dispose()
+
+    config = Config()
+    config.set_main_option("script_location", str(alembic_dir()))
+    config.attributes["configure_logging"] = False
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+    engine.dispose()
+    print(f"database {url.database} is at the newest schema")
+
+
+def _cmd_migrate(_: argparse.Namespace) -> int:
+    migrate()
+    return 0
+
+
+def _cmd_send(args: argparse.Namespace) -> int:
+    with store.engine().begin() as conn:
+        result = client.enqueue(
+            conn,
+            channel=args.channel,
+            to=args.to,
+            subject=args.subject,
+            body=args.body,
+            payload=args.payload,
+            key=args.key,
+            send_at=args.at,
+            delay=args.delay,
+            max_attempts=args.max_attempts,
+            priority=args.priority,
+        )
+    if not result.created:
+        print(f"{result.id} (already queued with key {args.key!r}; nothing written)")
+    else:
+        print(result.id)
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with store.engine().connect() as conn:
+        stats = store.queue_stats(conn)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "by_status_channel": [
+                        {"status": s, "channel": c, "count": n}
+                        for s, c, n in stats.by_status_channel
+                    ],
+                    "due": stats.due,
+                    "lag_seconds": stats.lag_seconds,
+                }
+            )
+        )
+        return 0
+    rows = [("STATUS", "CHANNEL", "COUNT")] + [
+        (s, c, str(n)) for s, c, n in stats.by_status_channel
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}")
+    print(f"\ndue now: {stats.due}   lag (oldest due row waiting): {stats.lag_seconds:.1f}s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="create the database if needed and apply migrations")
+    p.set_defaults(func=_cmd_migrate)
+
+    p = sub.add_parser("send", help="queue one notification and print its id")
+    p.add_argument("--channel", required=True, help="email, webhook, null, ...")
+    p.add_argument("--to", required=True, help="recipient: email address, https URL, ...")
+    p.add_argument("--subject")
+    p.add_argument("--body")
+    p.add_argument("--payload", type=_payload, help="channel extras as a JSON object")
+    p.add_argument("--key", help="dedupe key: a second send with the same key writes nothing")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--in", dest="delay", type=parse_duration, help="send later, e.g. 24h")
+    when.add_argument("--at", type=parse_when, help="send at an ISO 8601 time")
+    p.add_argument("--max-attempts", type=int, default=5)
+    p.add_argument("--priority", type=int, default=0, help="higher is sent first")
+    p.set_defaults(func=_cmd_send)
+
+    p = sub.add_parser("stats", help="rows by status and channel, and the queue's lag")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_stats)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:
+        print(f"notifier: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The producers' helpers: enqueue and cancel inside the caller's own transaction.
+
+Works with a SQLAlchemy ``Connection`` or a psycopg 3 connection; nothing is committed here, so
+the notification is written if and only if the caller's transaction commits::
+
+    with engine.begin() as conn:
+        conn.execute(insert_user)
+        notifier.enqueue(conn, channel="email", to="ann@example.com",
+                         subject="Welcome", body="...", key=f"welcome:{user_id}")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from notifier import store
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    #: False when a row with the same dedupe key already existed (nothing was written)
+    created: bool
+
+
+def enqueue(
+    conn: store.ProducerConnection,
+    *,
+    channel: str,
+    to: str,
+    subject: str | None = None,
+    body: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    key: str | None = None,
+    send_at: datetime | None = None,
+    delay: timedelta | None = None,
+    max_attempts: int = 5,
+    priority: int = 0,
+) -> Enqueued:
+    """Write one notification; with ``key``, a second call with the same key writes nothing.
+
+    ``send_at`` (timezone-aware) or ``delay`` makes it a delayed send.
+    """
+    if send_at is not None and delay is not None:
+        raise ValueError("give send_at or delay, not both")
+    if send_at is not None and send_at.tzinfo is None:
+        raise ValueError("send_at must be timezone-aware")
+    if delay is not None:
+        send_at = datetime.now(UTC) + delay
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    row_id, created = store.enqueue_row(
+        conn,
+        {
+            "channel": channel,
+            "recipient": to,
+            "subject": subject,
+            "body": body,
+            "payload": json.dumps(dict(payload or {})),
+            "dedupe_key": key,
+            "max_attempts": max_attempts,
+            "priority": priority,
+            "send_at": send_at,
+        },
+    )
+    return Enqueued(row_id, created)
+
+
+def cancel(conn: store.ProducerConnection, key: str, reason: str = "cancelled by producer") -> bool:
+    """Cancel the pending notification with this dedupe key; False if none was pending."""
+    return store.cancel_by_key(conn, key, reason) is not None

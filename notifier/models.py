@@ -1,0 +1,132 @@
+"""What a notification is: its statuses, the row a worker holds, and the table's expected shape.
+
+``notifications`` below mirrors what the Alembic migrations create. The migrations are the one
+source of the schema; this description exists so a test can prove the two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import UUID as PgUUID
+
+
+class Status(StrEnum):
+    """Where a notification is in its life. Mirrored by the ``notifications_status`` CHECK."""
+
+    #: waiting for ``next_attempt_at``; the only status the dispatcher claims
+    pending = "pending"
+    #: claimed by a worker whose lease runs until ``locked_until``
+    processing = "processing"
+    #: accepted by the provider; final
+    sent = "sent"
+    #: given up: a permanent failure or attempts used up; ``last_error`` says why; final
+    dead = "dead"
+    #: withdrawn before it was sent (by its producer or by notifier); final
+    cancelled = "cancelled"
+
+
+FINAL_STATUSES = frozenset({Status.sent, Status.dead, Status.cancelled})
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A claimed row, as a worker sees it while sending.
+
+    ``attempts`` already counts the attempt under way: the claim adds it.
+    """
+
+    id: int
+    channel: str
+    recipient: str
+    subject: str | None
+    body: str | None
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    claim_token: UUID
+    created_at: datetime
+    dedupe_key: str | None = None
+    priority: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+metadata = MetaData()
+
+_now = text("now()")
+
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("channel", Text, nullable=False),
+    Column("recipient", Text, nullable=False),
+    Column("subject", Text),
+    Column("body", Text),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("dedupe_key", Text, unique=True),
+    Column("status", Text, nullable=False, server_default=text("'pending'::text")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("5")),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("last_error", Text),
+    Column("provider_message_id", Text),
+    Column("rescues", Integer, nullable=False, server_default=text("0")),
+    Column("claim_token", PgUUID(as_uuid=True)),
+    Column("claimed_by", Text),
+    Column("locked_until", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("sent_at", DateTime(timezone=True)),
+    CheckConstraint(
+        "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
+        name="notifications_status",
+    ),
+    CheckConstraint("max_attempts > 0", name="notifications_max_attempts_positive"),
+    CheckConstraint("attempts >= 0", name="notifications_attempts_not_negative"),
+    CheckConstraint(
+        "(status = 'sent') = (sent_at IS NOT NULL)", name="notifications_sent_has_sent_at"
+    ),
+    CheckConstraint(
+        "status <> 'processing' OR (claim_token IS NOT NULL AND locked_until IS NOT NULL)",
+        name="notifications_processing_has_lease",
+    ),
+    CheckConstraint(
+        "status <> 'dead' OR last_error IS NOT NULL", name="notifications_dead_has_reason"
+    ),
+    Index(
+        "notifications_due",
+        text("priority DESC"),
+        "next_attempt_at",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index(
+        "notifications_lease",
+        "locked_until",
+        postgresql_where=text("status = 'processing'"),
+    ),
+)

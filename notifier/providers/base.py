@@ -1,0 +1,64 @@
+"""What every provider is: a channel name, a check of the row, and a send that says what happens next.
+
+A provider never touches the database or Redis. It answers each send with one of:
+
+* ``Sent(provider_message_id)`` - the provider accepted the message;
+* ``Retry(error, retry_after)`` - a transient failure (network, timeout, 4xx SMTP, 5xx/408/429 HTTP);
+* ``Permanent(error)`` - it will never work (rejected mailbox, 4xx HTTP, invalid recipient).
+
+``validate`` runs before any network call; it raises ``InvalidNotification`` with a message that
+tells the producer what to fix, and the row goes to ``dead`` after that one attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from notifier.models import Notification
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    provider_message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    error: str
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Permanent:
+    error: str
+
+
+Outcome = Sent | Retry | Permanent
+
+
+class InvalidNotification(ValueError):
+    """The row can never be sent as written; the message says what the producer must fix."""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A way to deliver one channel's notifications.
+
+    ``send`` may be called from several threads at once; ``close`` is called after every batch
+    and releases what the sends of that batch kept open (e.g. SMTP connections).
+    """
+
+    channel: ClassVar[str]
+
+    def validate(self, notification: Notification) -> None: ...
+
+    def send(self, notification: Notification) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+def truncate(text: str, limit: int = 500) -> str:
+    """Keep error texts stored in ``last_error`` readable and bounded."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

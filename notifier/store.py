@@ -1,0 +1,347 @@
+"""All of notifier's SQL, one function per intent. Nothing else in the package talks to the driver.
+
+Every transition out of ``processing`` is guarded by the status and the claim token it expects,
+and returns the number of rows it changed: a worker that comes back after its rows were rescued
+and claimed again changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import Row
+
+from notifier.models import Notification
+from notifier.settings import get_settings
+
+_RETURNING = """
+    n.id, n.channel, n.recipient, n.subject, n.body, n.payload, n.attempts, n.max_attempts,
+    n.claim_token, n.created_at, n.dedupe_key, n.priority
+"""
+
+CLAIM_DUE = text(
+    f"""
+    UPDATE notifications AS n
+       SET status = 'processing',
+           attempts = n.attempts + 1,
+           claim_token = :token,
+           claimed_by = :worker,
+           locked_until = now() + make_interval(secs => :lease_seconds),
+           updated_at = now()
+      FROM (SELECT id
+              FROM notifications
+             WHERE status = 'pending' AND next_attempt_at <= now()
+             ORDER BY priority DESC, next_attempt_at, id
+             LIMIT :limit
+               FOR UPDATE SKIP LOCKED) AS due
+     WHERE n.id = due.id
+    RETURNING {_RETURNING}
+    """
+)
+
+MARK_SENT = text(
+    """
+    UPDATE notifications AS n
+       SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
+           provider_message_id = v.provider_message_id
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]))
+           AS v(id, provider_message_id)
+     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+SCHEDULE_RETRY = text(
+    """
+    UPDATE notifications AS n
+       SET status = 'pending', updated_at = now(), locked_until = NULL,
+           next_attempt_at = v.next_attempt_at, last_error = v.error
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]),
+                  CAST(:next_attempts AS timestamptz[])) AS v(id, error, next_attempt_at)
+     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+MARK_DEAD = text(
+    """
+    UPDATE notifications AS n
+       SET status = 'dead', updated_at = now(), locked_until = NULL, last_error = v.error
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS v(id, error)
+     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+RELEASE = text(
+    """
+    UPDATE notifications
+       SET status = 'pending', updated_at = now(), locked_until = NULL,
+           attempts = greatest(attempts - 1, 0),
+           next_attempt_at = coalesce(CAST(:not_before AS timestamptz), next_attempt_at),
+           last_error = coalesce(CAST(:reason AS text), last_error)
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'processing' AND claim_token = :token
+    """
+)
+
+RESCUE_EXPIRED = text(
+    """
+    UPDATE notifications AS n
+       SET status = CASE WHEN n.attempts >= n.max_attempts THEN 'dead' ELSE 'pending' END,
+           rescues = n.rescues + 1,
+           locked_until = NULL,
+           next_attempt_at = now(),
+           updated_at = now(),
+           last_error = 'lease expired: worker ' || coalesce(n.claimed_by, '?')
+                        || ' stopped before recording the outcome of attempt '
+                        || n.attempts || ' (it may have been delivered)'
+                        || CASE WHEN n.attempts >= n.max_attempts
+                                THEN '; attempts used up' ELSE '' END
+      FROM (SELECT id
+              FROM notifications
+             WHERE status = 'processing' AND locked_until < now()
+             ORDER BY locked_until
+             LIMIT :limit
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE n.id = expired.id
+    RETURNING n.id, n.status
+    """
+)
+
+COUNT_BY_STATUS = text(
+    "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
+    " ORDER BY status, channel"
+)
+
+OLDEST_DUE = text(
+    """
+    SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
+      FROM notifications
+     WHERE status = 'pending' AND next_attempt_at <= now()
+    """
+)
+
+ENQUEUE = """
+    INSERT INTO notifications
+           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+            next_attempt_at)
+    VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
+            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()))
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id
+"""
+
+ID_BY_DEDUPE_KEY = "SELECT id FROM notifications WHERE dedupe_key = :dedupe_key"
+
+CANCEL_BY_KEY = """
+    UPDATE notifications
+       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
+           last_error = :reason
+     WHERE dedupe_key = :dedupe_key AND status = 'pending'
+    RETURNING id
+"""
+
+
+# --- the engine --------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def engine() -> Engine:
+    """The process's engine, created on first use (after a prefork worker has forked)."""
+    return make_engine(get_settings().database_url)
+
+
+def make_engine(url: str) -> Engine:
+    return create_engine(
+        url,
+        pool_size=2,
+        max_overflow=2,
+        pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
+        pool_recycle=1800,
+        connect_args={"connect_timeout": 10, "application_name": "notifier"},
+    )
+
+
+def dispose_engine() -> None:
+    """Forget connections inherited from a parent process (call right after fork)."""
+    if engine.cache_info().currsize:
+        engine().dispose(close=False)
+    engine.cache_clear()
+
+
+# --- the dispatcher's statements ---------------------------------------------------------------
+
+
+def claim_due(
+    conn: Connection, *, limit: int, lease_seconds: float, token: UUID, worker: str
+) -> list[Notification]:
+    """Claim up to ``limit`` due pending rows for this worker, in one statement.
+
+    A row is due when ``status = 'pending'`` and ``next_attempt_at <= now()``; higher
+    ``priority`` first, then the longest-waiting, then by id. Rows locked by another claim are
+    skipped, never waited on. Each claimed row becomes ``processing`` with ``attempts`` counting
+    the attempt about to be made, the given claim token, and a lease of ``lease_seconds``.
+    """
+    rows = conn.execute(
+        CLAIM_DUE,
+        {"token": token, "worker": worker, "lease_seconds": lease_seconds, "limit": limit},
+    ).all()
+    claimed = [_notification(row) for row in rows]
+    claimed.sort(key=lambda n: (-n.priority, n.id))
+    return claimed
+
+
+def mark_sent(conn: Connection, token: UUID, sent: Mapping[int, str | None]) -> int:
+    """``processing`` -> ``sent`` for the rows still held by ``token``."""
+    if not sent:
+        return 0
+    return _rowcount(
+        conn.execute(
+            MARK_SENT, {"token": token, "ids": list(sent), "message_ids": list(sent.values())}
+        )
+    )
+
+
+def schedule_retry(conn: Connection, token: UUID, retries: Sequence[RetryAt]) -> int:
+    """``processing`` -> ``pending`` at a later time, with the failure's reason."""
+    if not retries:
+        return 0
+    return _rowcount(
+        conn.execute(
+            SCHEDULE_RETRY,
+            {
+                "token": token,
+                "ids": [r.id for r in retries],
+                "errors": [r.error for r in retries],
+                "next_attempts": [r.at for r in retries],
+            },
+        )
+    )
+
+
+def mark_dead(conn: Connection, token: UUID, dead: Mapping[int, str]) -> int:
+    """``processing`` -> ``dead`` with the reason a producer can act on."""
+    if not dead:
+        return 0
+    return _rowcount(
+        conn.execute(MARK_DEAD, {"token": token, "ids": list(dead), "errors": list(dead.values())})
+    )
+
+
+def release(
+    conn: Connection,
+    token: UUID,
+    ids: Iterable[int],
+    *,
+    not_before: datetime | None = None,
+    reason: str | None = None,
+) -> int:
+    """Hand claimed rows back to ``pending`` without using up the attempt their claim counted.
+
+    For rows that were never sent: a worker stopping, a rate limit, an unreachable Redis.
+    """
+    id_list = list(ids)
+    if not id_list:
+        return 0
+    params = {"token": token, "ids": id_list, "not_before": not_before, "reason": reason}
+    return _rowcount(conn.execute(RELEASE, params))
+
+
+def rescue_expired(conn: Connection, *, limit: int = 1000) -> dict[str, int]:
+    """Take back rows whose worker's lease ran out: to ``pending``, or ``dead`` if out of attempts.
+
+    Safe to run in several places at once (``SKIP LOCKED``). Each rescued row's ``rescues`` is
+    incremented: its last attempt may have reached the provider before the worker died.
+    """
+    rows = conn.execute(RESCUE_EXPIRED, {"limit": limit}).all()
+    counts = {"pending": 0, "dead": 0}
+    for _, status in rows:
+        counts[status] += 1
+    return counts
+
+
+# --- what operators and producers use ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    id: int
+    error: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    by_status_channel: list[tuple[str, str, int]]
+    due: int
+    lag_seconds: float
+
+
+def queue_stats(conn: Connection) -> QueueStats:
+    """Rows by status and channel; due pending rows and the age of the oldest (the lag)."""
+    counts = [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
+    lag, due = conn.execute(OLDEST_DUE).one()
+    return QueueStats(counts, int(due), float(lag or 0.0))
+
+
+ProducerConnection = Connection | psycopg.Connection[Any]
+
+
+def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[int, bool]:
+    """Insert one notification; ``(id, True)`` if new, ``(id, False)`` if its key existed."""
+    row = _producer_execute(conn, ENQUEUE, values)
+    if row is not None:
+        return int(row[0]), True
+    existing = _producer_execute(conn, ID_BY_DEDUPE_KEY, {"dedupe_key": values["dedupe_key"]})
+    if existing is None:  # the conflicting row was deleted between the two statements
+        return enqueue_row(conn, values)
+    return int(existing[0]), False
+
+
+def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:
+    """Cancel the pending row with this key; its id, or ``None`` if nothing was pending."""
+    row = _producer_execute(conn, CANCEL_BY_KEY, {"dedupe_key": dedupe_key, "reason": reason})
+    return None if row is None else int(row[0])
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def _producer_execute(
+    conn: ProducerConnection, sql: str, params: Mapping[str, Any]
+) -> tuple[Any, ...] | None:
+    """Run one statement on a SQLAlchemy or a psycopg connection, inside its transaction."""
+    if isinstance(conn, Connection):
+        row = conn.execute(text(sql), dict(params)).first()
+        return None if row is None else tuple(row)
+    with conn.cursor() as cur:
+        cur.execute(_NAMED.sub(r"%(\1)s", sql), dict(params))  # type: ignore[arg-type]
+        return cur.fetchone()
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount)
+
+
+def _notification(row: Row[Any]) -> Notification:
+    return Notification(
+        id=row.id,
+        channel=row.channel,
+        recipient=row.recipient,
+        subject=row.subject,
+        body=row.body,
+        payload=row.payload,  # a producer may have written a non-object; dispatch refuses it
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        claim_token=row.claim_token,
+        created_at=row.created_at,
+        dedupe_key=row.dedupe_key,
+        priority=row.priority,
+    )
