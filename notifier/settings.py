@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     webhook_timeout: float = Field(10.0, gt=0)
     """Seconds allowed to connect to a webhook target and for each read."""
 
+    webhook_allow_http: bool = False
+    """Accept plain ``http://`` webhook targets (local development and tests only)."""
+
     @field_validator("database_url")
     @classmethod
     def _use_psycopg3(cls, url: str) -> str:

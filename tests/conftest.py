@@ -1,0 +1,101 @@
+"""Fixtures shared by every tier: a real PostgreSQL database per test, a real Redis.
+
+The schema is migrated once per run into a template database; each test that asks for
+``database_url`` gets a fresh copy (``CREATE DATABASE ... TEMPLATE``), so tests never see each
+other's rows. ``NOTIFIER_TEST_POSTGRES`` and ``NOTIFIER_TEST_REDIS`` point elsewhere if needed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from sqlalchemy import Engine, create_engine, text
+
+from notifier import store
+from notifier.cli import migrate
+from notifier.settings import Settings, get_settings
+from tests.smtp_sink import SmtpSink
+
+POSTGRES = os.environ.get("NOTIFIER_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("NOTIFIER_TEST_REDIS", "redis://127.0.0.1:6379/9")
+TEMPLATE = "notifier_test_template"
+
+
+def _admin() -> Engine:
+    return create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def template_database() -> Iterator[str]:
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"))
+    migrate(f"{POSTGRES}/{TEMPLATE}")
+    yield TEMPLATE
+    admin.dispose()
+
+
+@pytest.fixture
+def database_url(template_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A freshly migrated database of its own, also set as ``NOTIFIER_DATABASE_URL``."""
+    name = f"notifier_test_{uuid.uuid4().hex[:12]}"
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {template_database}"))
+    url = f"{POSTGRES}/{name}"
+    monkeypatch.setenv("NOTIFIER_DATABASE_URL", url)
+    get_settings.cache_clear()
+    store.dispose_engine()
+    yield url
+    store.dispose_engine()
+    get_settings.cache_clear()
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    admin.dispose()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = store.make_engine(database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def redis_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A Redis database emptied for this test, also set as ``NOTIFIER_REDIS_URL``."""
+    client = redis.Redis.from_url(REDIS, socket_timeout=5)
+    client.flushdb()
+    monkeypatch.setenv("NOTIFIER_REDIS_URL", REDIS)
+    get_settings.cache_clear()
+    yield REDIS
+    client.flushdb()
+    client.close()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Settings for this test's database, fast retries, small batches."""
+    return Settings(
+        database_url=database_url,
+        retry_base_seconds=1,
+        retry_max_seconds=60,
+        batch_size=50,
+    )
+
+
+@pytest.fixture
+def smtp_sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpSink]:
+    """A real SMTP server on loopback, also set as ``NOTIFIER_SMTP_HOST``/``_PORT``."""
+    sink = SmtpSink().start()
+    monkeypatch.setenv("NOTIFIER_SMTP_HOST", sink.host)
+    monkeypatch.setenv("NOTIFIER_SMTP_PORT", str(sink.port))
+    get_settings.cache_clear()
+    yield sink
+    sink.stop()
+    get_settings.cache_clear()

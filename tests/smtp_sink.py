@@ -1,0 +1,84 @@
+"""A real SMTP server on loopback (aiosmtpd) whose replies a test controls.
+
+``SmtpSink.rcpt_replies`` maps a recipient address to the reply its ``RCPT TO`` gets (e.g.
+``"550 5.1.1 no such user"`` or ``"451 4.3.0 try later"``); everyone else gets ``250 OK``.
+``data_reply`` replaces the reply to ``DATA``. Every accepted message is kept in ``messages``.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import socket
+import threading
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from typing import Any
+
+from aiosmtpd.controller import Controller
+
+
+@dataclass
+class Received:
+    mail_from: str
+    rcpt_tos: list[str]
+    message: EmailMessage
+
+    @property
+    def message_id(self) -> str:
+        return str(self.message["Message-ID"])
+
+
+@dataclass
+class SmtpSink:
+    rcpt_replies: dict[str, str] = field(default_factory=dict)
+    data_reply: str | None = None
+    messages: list[Received] = field(default_factory=list)
+    rcpt_attempts: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _controller: Controller | None = None
+
+    # aiosmtpd handler hooks -----------------------------------------------------------------
+
+    async def handle_RCPT(  # noqa: N802 - aiosmtpd's hook name
+        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
+    ) -> str:
+        with self._lock:
+            self.rcpt_attempts.append(address)
+        reply = self.rcpt_replies.get(address)
+        if reply is not None:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+        if self.data_reply is not None:
+            return self.data_reply
+        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        with self._lock:
+            self.messages.append(
+                Received(envelope.mail_from, list(envelope.rcpt_tos), message)  # type: ignore[arg-type]
+            )
+        return "250 Message accepted for delivery"
+
+    # life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> SmtpSink:
+        if not self.port:
+            with socket.socket() as s:
+                s.bind((self.host, 0))
+                self.port = s.getsockname()[1]
+        self._controller = Controller(self, hostname=self.host, port=self.port)
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        if self._controller is not None:
+            self._controller.stop()
+            self._controller = None
+
+    def delivered_to(self, address: str) -> list[Received]:
+        with self._lock:
+            return [m for m in self.messages if address in m.rcpt_tos]
