@@ -194,7 +194,8 @@ class Dispatcher:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
             )
-        return dict(zip((n.id for n in claimed), self._pool.map(self._send_one, claimed)))
+        outcomes = self._pool.map(self._send_one, claimed)
+        return dict(zip((n.id for n in claimed), outcomes, strict=True))
 
     def _send_one(self, n: Notification) -> Outcome:
         provider = self.registry.get(n.channel)

@@ -75,6 +75,10 @@ class Notification:
 
 metadata = MetaData()
 
+TABLE_COMMENT = (
+    'One row per notification to deliver. Producers INSERT rows; see README "Producer contract".'
+)
+
 _now = text("now()")
 
 notifications = Table(
@@ -129,4 +133,5 @@ notifications = Table(
         "locked_until",
         postgresql_where=text("status = 'processing'"),
     ),
+    comment=TABLE_COMMENT,
 )

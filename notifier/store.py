@@ -322,7 +322,7 @@ def _producer_execute(
         row = conn.execute(text(sql), dict(params)).first()
         return None if row is None else tuple(row)
     with conn.cursor() as cur:
-        cur.execute(_NAMED.sub(r"%(\1)s", sql), dict(params))  # type: ignore[arg-type]
+        cur.execute(_NAMED.sub(r"%(\1)s", sql), dict(params))
         return cur.fetchone()
 
 

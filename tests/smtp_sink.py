@@ -42,7 +42,7 @@ class SmtpSink:
 
     # aiosmtpd handler hooks -----------------------------------------------------------------
 
-    async def handle_RCPT(  # noqa: N802 - aiosmtpd's hook name
+    async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
     ) -> str:
         with self._lock:
@@ -53,7 +53,7 @@ class SmtpSink:
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         if self.data_reply is not None:
             return self.data_reply
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)

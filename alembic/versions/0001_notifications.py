@@ -64,10 +64,8 @@ def upgrade() -> None:
         " WHERE status = 'processing'"
     )
     op.execute(
-        """
-        COMMENT ON TABLE notifications IS
-            'One row per notification to deliver. Producers INSERT rows; see README "Producer contract".'
-        """
+        "COMMENT ON TABLE notifications IS 'One row per notification to deliver."
+        ' Producers INSERT rows; see README "Producer contract".\''
     )
 
 

@@ -1,9 +1,9 @@
-"""What every provider is: a channel name, a check of the row, and a send that says what happens next.
+"""What every provider is: a channel, a check of the row, and a send that says what happens next.
 
 A provider never touches the database or Redis. It answers each send with one of:
 
 * ``Sent(provider_message_id)`` - the provider accepted the message;
-* ``Retry(error, retry_after)`` - a transient failure (network, timeout, 4xx SMTP, 5xx/408/429 HTTP);
+* ``Retry(error, retry_after)`` - a transient failure (network, timeout, SMTP 4xx, HTTP 5xx/408/429);
 * ``Permanent(error)`` - it will never work (rejected mailbox, 4xx HTTP, invalid recipient).
 
 ``validate`` runs before any network call; it raises ``InvalidNotification`` with a message that

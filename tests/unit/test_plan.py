@@ -1,0 +1,54 @@
+"""Turning providers' answers into the batch's writes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from notifier.dispatch import plan
+from notifier.models import Notification
+from notifier.providers import Outcome, Permanent, Retry, Sent
+from notifier.retry import RetryPolicy
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _n(id: int, attempts: int = 1, max_attempts: int = 5) -> Notification:
+    return Notification(
+        id=id,
+        channel="null",
+        recipient="x",
+        subject=None,
+        body=None,
+        payload={},
+        attempts=attempts,
+        max_attempts=max_attempts,
+        claim_token=uuid.uuid4(),
+        created_at=NOW,
+    )
+
+
+def test_each_answer_goes_to_its_write() -> None:
+    rows = [_n(1), _n(2), _n(3, attempts=2), _n(4, attempts=5), _n(5, max_attempts=1)]
+    outcomes: dict[int, Outcome] = {
+        1: Sent("m-1"),
+        2: Permanent("SMTP 550 5.1.1 no such user"),
+        3: Retry("SMTP 451 try later"),
+        4: Retry("HTTP 503"),
+        5: Retry("timeout", retry_after=10),
+    }
+    result = plan(rows, outcomes, RetryPolicy(base=30, cap=3600, jitter=0), NOW)
+    assert result.sent == {1: "m-1"}
+    assert result.dead == {
+        2: "SMTP 550 5.1.1 no such user",
+        4: "gave up after 5 attempts; last error: HTTP 503",
+        5: "gave up after 1 attempts; last error: timeout",
+    }
+    assert [(r.id, r.error, r.at) for r in result.retries] == [
+        (3, "SMTP 451 try later", NOW + timedelta(seconds=60))
+    ]
+
+
+def test_long_errors_are_bounded() -> None:
+    result = plan([_n(1)], {1: Permanent("x" * 10_000)}, RetryPolicy(), NOW)
+    assert len(result.dead[1]) <= 500
