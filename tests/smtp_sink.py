@@ -2,7 +2,8 @@
 
 ``SmtpSink.rcpt_replies`` maps a recipient address to the reply its ``RCPT TO`` gets (e.g.
 ``"550 5.1.1 no such user"`` or ``"451 4.3.0 try later"``); everyone else gets ``250 OK``.
-``data_reply`` replaces the reply to ``DATA``. Every accepted message is kept in ``messages``.
+``data_reply`` replaces the reply to ``DATA``. Every accepted message is kept in ``messages``;
+``connections`` counts the connections that got as far as ``RCPT TO``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import email
 import email.policy
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any
@@ -34,7 +36,10 @@ class SmtpSink:
     rcpt_replies: dict[str, str] = field(default_factory=dict)
     data_reply: str | None = None
     messages: list[Received] = field(default_factory=list)
-    rcpt_attempts: list[str] = field(default_factory=list)
+    #: every RCPT TO seen, refused or not, with its time.monotonic()
+    rcpt_attempts: list[tuple[str, float]] = field(default_factory=list)
+    # aiosmtpd makes one session per connection; holding them keeps their identities unique
+    sessions: list[Any] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -46,7 +51,9 @@ class SmtpSink:
         self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
     ) -> str:
         with self._lock:
-            self.rcpt_attempts.append(address)
+            self.rcpt_attempts.append((address, time.monotonic()))
+            if not any(s is session for s in self.sessions):
+                self.sessions.append(session)
         reply = self.rcpt_replies.get(address)
         if reply is not None:
             return reply
@@ -58,9 +65,7 @@ class SmtpSink:
             return self.data_reply
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)
         with self._lock:
-            self.messages.append(
-                Received(envelope.mail_from, list(envelope.rcpt_tos), message)  # type: ignore[arg-type]
-            )
+            self.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos), message))
         return "250 Message accepted for delivery"
 
     # life cycle ------------------------------------------------------------------------------
@@ -78,6 +83,15 @@ class SmtpSink:
         if self._controller is not None:
             self._controller.stop()
             self._controller = None
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self.sessions)
+
+    def rcpt_addresses(self) -> list[str]:
+        with self._lock:
+            return [address for address, _ in self.rcpt_attempts]
 
     def delivered_to(self, address: str) -> list[Received]:
         with self._lock:

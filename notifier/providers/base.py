@@ -3,7 +3,7 @@
 A provider never touches the database or Redis. It answers each send with one of:
 
 * ``Sent(provider_message_id)`` - the provider accepted the message;
-* ``Retry(error, retry_after)`` - a transient failure (network, timeout, SMTP 4xx, HTTP 5xx/408/429);
+* ``Retry(error, retry_after)`` - transient (network, timeout, SMTP 4xx, HTTP 5xx/408/429);
 * ``Permanent(error)`` - it will never work (rejected mailbox, 4xx HTTP, invalid recipient).
 
 ``validate`` runs before any network call; it raises ``InvalidNotification`` with a message that

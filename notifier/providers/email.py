@@ -1,0 +1,293 @@
+"""The ``email`` channel: one message per row over SMTP, on connections reused across a batch.
+
+Replies are classified by their code: 4xx asks to try later, 5xx refuses for good. Anything that
+is the server's or the deployment's fault (network, timeout, TLS, login) is a ``Retry``, so an
+operator can fix it before the rows run out of attempts.
+
+Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
+every attempt, so a receiver can drop the duplicate a retry may cause.
+"""
+
+from __future__ import annotations
+
+import re
+import smtplib
+import socket
+import ssl
+import threading
+from email.message import EmailMessage
+from email.policy import SMTP as SMTP_POLICY
+from email.utils import formatdate, parseaddr
+from typing import Any, ClassVar
+
+from notifier.models import Notification
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.settings import SmtpTls, get_settings
+
+# CRLF line ends for the wire; 7bit so that any server takes the body, 8BITMIME or not.
+_POLICY = SMTP_POLICY.clone(cte_type="7bit")
+
+# A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
+_ADDRESS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_HEADER_NAME = re.compile(r"[!-9;-~]+")  # RFC 5322 field-name: printable ASCII except ':'
+_RESERVED = frozenset({"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version"})
+
+
+class EmailProvider:
+    """Sends through the SMTP server of ``NOTIFIER_SMTP_*``; safe to call from many threads.
+
+    Idle connections wait in a small pool between sends; a send takes one (or opens one) and
+    puts it back once its transaction ended cleanly. ``close`` quits them after each batch.
+    """
+
+    channel: ClassVar[str] = "email"
+
+    def __init__(self) -> None:
+        self._settings = s = get_settings()
+        self._where = f"{s.smtp_host}:{s.smtp_port}"
+        self._sender = parseaddr(s.email_from)[1] or s.email_from
+        _, at, domain = self._sender.rpartition("@")
+        self._domain = domain if at and domain else "notifier.localhost"
+        self._ssl = ssl.create_default_context() if s.smtp_tls is not SmtpTls.none else None
+        # smtplib would look this up (a reverse DNS query, outside any timeout) per connection.
+        self._local_hostname = socket.getfqdn()
+        self._idle: list[smtplib.SMTP] = []
+        self._lock = threading.Lock()
+
+    # -- Provider --------------------------------------------------------------------------------
+
+    def validate(self, notification: Notification) -> None:
+        recipient, subject = notification.recipient, notification.subject
+        shown = repr(recipient[:100])
+        if not recipient.strip():
+            raise InvalidNotification("recipient is empty; give the email address to send to")
+        if "\r" in recipient or "\n" in recipient:
+            raise InvalidNotification("recipient contains a line break; give one plain address")
+        if "," in recipient or ";" in recipient:
+            raise InvalidNotification(f"recipient {shown} lists several; send one row per address")
+        if "<" in recipient or ">" in recipient:
+            raise InvalidNotification(f"recipient {shown}: give the bare address, no display name")
+        if len(recipient) > 254:
+            raise InvalidNotification(f"recipient is {len(recipient)} characters; at most 254")
+        if not _ADDRESS.fullmatch(recipient):
+            raise InvalidNotification(
+                f"recipient {shown} is not a plain ASCII email address like 'ada@example.com' "
+                "(give an internationalised domain in punycode)"
+            )
+        if subject is not None:
+            if "\r" in subject or "\n" in subject:
+                raise InvalidNotification("subject contains a line break; keep it on one line")
+            if len(subject) > 998:
+                raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
+        html = notification.payload.get("html")
+        if html is not None and not isinstance(html, str):
+            raise InvalidNotification(
+                f"payload.html must be a string of HTML, not {type(html).__name__}"
+            )
+        _check_headers(notification.payload.get("headers"))
+
+    def send(self, notification: Notification) -> Outcome:
+        message = self._compose(notification)
+        message_id = str(message["Message-ID"])
+        content = message.as_bytes()
+        try:
+            conn, code, reply = self._begin()
+        except (smtplib.SMTPException, OSError) as exc:
+            return self._trouble(exc)
+        try:
+            if code == 250:
+                code, reply = conn.rcpt(notification.recipient)
+                if code in (250, 251):
+                    code, reply = _data(conn, content)
+                    if code == 250:
+                        self._put_back(conn)
+                        return Sent(message_id)
+        except (smtplib.SMTPException, OSError) as exc:
+            self._discard(conn)
+            return self._trouble(exc)
+        except BaseException:
+            self._discard(conn)
+            raise
+        self._reset(conn, code)
+        return _refused(code, reply)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn, polite=True)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def _begin(self) -> tuple[smtplib.SMTP, int, bytes]:
+        """A connection on which ``MAIL FROM`` has been answered.
+
+        The server may have dropped a pooled connection while it sat idle. That shows on this
+        first command, before any of the message went out, so one fresh try is safe. A timeout
+        is not retried: the server is there but slow, and waiting twice helps nobody.
+        """
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            try:
+                code, reply = conn.mail(self._sender)
+            except smtplib.SMTPServerDisconnected as exc:
+                self._discard(conn)
+                if _timed_out(exc):
+                    raise
+            except BaseException:
+                self._discard(conn)
+                raise
+            else:
+                if code != 421:
+                    return conn, code, reply
+                self._discard(conn)
+        conn = self._connect()
+        try:
+            code, reply = conn.mail(self._sender)
+        except BaseException:
+            self._discard(conn)
+            raise
+        return conn, code, reply
+
+    def _connect(self) -> smtplib.SMTP:
+        s, local = self._settings, self._local_hostname
+        conn = (
+            smtplib.SMTP_SSL(local_hostname=local, timeout=s.smtp_timeout, context=self._ssl)
+            if s.smtp_tls is SmtpTls.ssl
+            else smtplib.SMTP(local_hostname=local, timeout=s.smtp_timeout)
+        )
+        try:
+            code, reply = conn.connect(s.smtp_host, s.smtp_port)
+            if code != 220:
+                raise smtplib.SMTPConnectError(code, reply)
+            conn.ehlo_or_helo_if_needed()
+            if s.smtp_tls is SmtpTls.starttls:
+                conn.starttls(context=self._ssl)
+                conn.ehlo_or_helo_if_needed()
+            if s.smtp_username:
+                conn.login(s.smtp_username, s.smtp_password or "")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _put_back(self, conn: smtplib.SMTP) -> None:
+        with self._lock:
+            if len(self._idle) < self._settings.send_concurrency:
+                self._idle.append(conn)
+                return
+        self._discard(conn, polite=True)
+
+    def _reset(self, conn: smtplib.SMTP, code: int) -> None:
+        """After a refused transaction: ``RSET`` and keep the connection, or drop it."""
+        if code != 421:  # 421: the server is closing the channel anyway
+            try:
+                if conn.rset()[0] == 250:
+                    self._put_back(conn)
+                    return
+            except (smtplib.SMTPException, OSError):
+                pass
+        self._discard(conn)
+
+    @staticmethod
+    def _discard(conn: smtplib.SMTP, *, polite: bool = False) -> None:
+        """Close ``conn``, saying QUIT first when it may still be alive; never raises."""
+        try:
+            if polite:
+                conn.quit()
+        except (smtplib.SMTPException, OSError):
+            pass
+        finally:
+            conn.close()
+
+    # -- messages and answers --------------------------------------------------------------------
+
+    def _compose(self, n: Notification) -> EmailMessage:
+        message = EmailMessage(policy=_POLICY)
+        message["From"] = self._settings.email_from
+        message["To"] = n.recipient
+        message["Subject"] = n.subject or ""
+        message["Date"] = formatdate(usegmt=True)
+        message["Message-ID"] = f"<notification-{n.id}@{self._domain}>"
+        for name, value in (n.payload.get("headers") or {}).items():
+            message[name] = value
+        message.set_content(n.body or "")
+        html = n.payload.get("html")
+        if html is not None:
+            message.add_alternative(html, subtype="html")
+        return message
+
+    def _trouble(self, exc: BaseException) -> Retry:
+        """Name the server and what went wrong with it, so the operator knows where to look."""
+        where, s = self._where, self._settings
+        if _timed_out(exc):
+            return Retry(f"SMTP timeout after {s.smtp_timeout:g}s talking to {where}")
+        if isinstance(exc, smtplib.SMTPAuthenticationError):
+            return Retry(
+                truncate(
+                    f"SMTP login as {s.smtp_username!r} refused by {where}: "
+                    f"{_reply_text(exc.smtp_code, exc.smtp_error)}; "
+                    "check NOTIFIER_SMTP_USERNAME and NOTIFIER_SMTP_PASSWORD"
+                )
+            )
+        if isinstance(exc, smtplib.SMTPResponseException):
+            text = _reply_text(exc.smtp_code, exc.smtp_error)
+            return Retry(truncate(f"SMTP server {where} answered {text}"))
+        if isinstance(exc, smtplib.SMTPServerDisconnected):
+            return Retry(truncate(f"SMTP server {where} closed the connection: {exc}"))
+        if isinstance(exc, OSError):
+            return Retry(truncate(f"cannot reach SMTP server {where}: {exc.strerror or exc}"))
+        return Retry(truncate(f"SMTP server {where}: {type(exc).__name__}: {exc}"))
+
+
+def _check_headers(headers: Any) -> None:
+    if headers is None:
+        return
+    if not isinstance(headers, dict):
+        raise InvalidNotification(
+            f"payload.headers must be an object of header name to string, "
+            f"not {type(headers).__name__}"
+        )
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidNotification(
+                f"payload.headers has an invalid header name {name!r}; use printable ASCII "
+                "without spaces or ':', e.g. 'X-Campaign'"
+            )
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith("content-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; notifier writes it "
+                "(use recipient, subject, body and payload.html instead)"
+            )
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise InvalidNotification(f"payload.headers[{name!r}] must be a one-line string")
+
+
+def _data(conn: smtplib.SMTP, content: bytes) -> tuple[int, bytes]:
+    """``DATA`` as a reply, whether the server refused the command or the message."""
+    try:
+        return conn.data(content)
+    except smtplib.SMTPDataError as exc:  # raised when DATA itself is not answered 354
+        error = exc.smtp_error
+        return exc.smtp_code, error if isinstance(error, bytes) else error.encode()
+
+
+def _refused(code: int, reply: bytes) -> Outcome:
+    text = f"SMTP {_reply_text(code, reply)}"
+    return Permanent(truncate(text)) if 500 <= code < 600 else Retry(truncate(text))
+
+
+def _reply_text(code: int, reply: bytes | str) -> str:
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+    return f"{code} {text}".strip()
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """smtplib reports a read timeout as a disconnection; the cause is in the chain."""
+    while exc is not None:
+        if isinstance(exc, TimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -1,0 +1,130 @@
+"""Run notifier the way production does: ``celery -A notifier worker`` and ``beat`` as processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from tests.smtp_sink import SmtpSink
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Services:
+    """Starts worker and beat processes with this test's environment; stops them all at the end."""
+
+    env: dict[str, str]
+    logs: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "notifier", *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def worker(self, name: str = "w1", concurrency: int = 2) -> subprocess.Popen[bytes]:
+        return self._start(
+            name,
+            "worker",
+            "--loglevel=INFO",
+            f"--concurrency={concurrency}",
+            f"--hostname={name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        )
+
+    def beat(self, name: str = "beat") -> subprocess.Popen[bytes]:
+        return self._start(
+            name, "beat", "--loglevel=INFO", f"--schedule={self.logs / name}-schedule"
+        )
+
+    def stop(self) -> None:
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in self._logs:
+            log.close()
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- {name} ---\n{(self.logs / f'{name}.log').read_text(errors='replace')[-3000:]}"
+            for name, _ in self.procs
+        )
+
+
+@pytest.fixture
+def services(
+    database_url: str,
+    redis_url: str,
+    smtp_sink: SmtpSink,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[Services]:
+    """Worker and beat processes talk to this test's database, Redis and SMTP sink."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("NOTIFIER_") or k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env.update(
+        NOTIFIER_DATABASE_URL=database_url,
+        NOTIFIER_REDIS_URL=redis_url,
+        NOTIFIER_DISPATCH_INTERVAL="1",
+        NOTIFIER_RETRY_BASE_SECONDS="1",
+        NOTIFIER_RETRY_MAX_SECONDS="8",
+        PYTHONUNBUFFERED="1",
+    )
+    svc = Services(env, tmp_path)
+    yield svc
+    svc.stop()
+    report = request.node.stash.get(_failed_key, False)
+    if report:
+        print(svc.output())
+
+
+_failed_key = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    if getattr(report, "when", None) == "call" and getattr(report, "failed", False):
+        item.stash[_failed_key] = True
+    return report
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,385 @@
+"""The webhook provider against real HTTP servers on loopback.
+
+pytest-httpserver answers the well-formed cases; ``RawServer`` (a bare socket in a thread) plays
+the receivers HTTP libraries refuse to imitate: garbage replies, silence, keep-alive counting.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Response
+
+from notifier.models import Notification
+from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
+from notifier.providers.webhook import WebhookProvider
+from notifier.settings import get_settings
+
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+
+MakeProvider = Callable[..., WebhookProvider]
+Behaviour = Callable[[socket.socket, threading.Event], None]
+
+
+def notification(recipient: str, id: int = 42, **fields: Any) -> Notification:
+    values: dict[str, Any] = {
+        "subject": "Your order shipped",
+        "body": "It left the warehouse.",
+        "payload": {"order": 7},
+    }
+    values.update(fields)
+    return Notification(
+        id=id,
+        channel="webhook",
+        recipient=recipient,
+        attempts=1,
+        max_attempts=5,
+        claim_token=uuid4(),
+        created_at=datetime.now(UTC),
+        **values,
+    )
+
+
+@pytest.fixture
+def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
+    """Builds providers from the environment, the way the registry does; shuts them down after."""
+    made: list[WebhookProvider] = []
+
+    def make(
+        *, secret: str | None = SECRET, timeout: float = 5, allow_http: bool = True
+    ) -> WebhookProvider:
+        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", str(allow_http).lower())
+        monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", str(timeout))
+        if secret is None:
+            monkeypatch.delenv("NOTIFIER_WEBHOOK_SECRET", raising=False)
+        else:
+            monkeypatch.setenv("NOTIFIER_WEBHOOK_SECRET", secret)
+        get_settings.cache_clear()
+        made.append(WebhookProvider())
+        return made[-1]
+
+    yield make
+    for provider in made:
+        provider.shutdown()
+    get_settings.cache_clear()
+
+
+# -- a bare TCP server ---------------------------------------------------------------------------
+
+
+def read_request(conn: socket.socket) -> bytes | None:
+    """One HTTP request with a Content-Length body, or None when the client hung up."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
+class RawServer:
+    """Accepts connections one at a time and hands each to ``behave(conn, stopping)``."""
+
+    def __init__(self, behave: Behaviour) -> None:
+        self.behave = behave
+        self.accepted = 0
+        self.requests = 0
+        self.stopping = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    self.behave(conn, self.stopping)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Behaviour], RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(behave: Behaviour) -> RawServer:
+        servers.append(RawServer(behave))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+# -- what the receiver answers -> what the provider says -----------------------------------------
+
+
+def _in_two_minutes() -> str:
+    return format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True)
+
+
+RESPONSES = [
+    # status, headers (or a function making them), body, outcome type, error fragment, retry_after
+    (200, {}, "ok", Sent, None, None),
+    (204, {}, "", Sent, None, None),
+    (400, {}, "missing field order", Permanent, "HTTP 400 from localhost:", None),
+    (404, {}, "no such hook", Permanent, ": no such hook", None),
+    (410, {}, "hook deleted", Permanent, "HTTP 410", None),
+    (408, {}, "slow", Retry, "HTTP 408", None),
+    (429, {"Retry-After": "7"}, "slow down", Retry, "HTTP 429", 7.0),
+    (429, lambda: {"Retry-After": _in_two_minutes()}, "", Retry, "HTTP 429", 120.0),
+    (500, {}, "boom " * 30_000, Retry, "HTTP 500 from localhost:", None),
+    (503, {"Retry-After": "soon"}, "maintenance", Retry, ": maintenance", None),
+    (301, {"Location": "https://new.example/hook"}, "", Permanent, "to https://new.example", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "kind", "fragment", "retry_after"),
+    RESPONSES,
+    ids=[f"{r[0]}-{i}" for i, r in enumerate(RESPONSES)],
+)
+def test_outcome_follows_the_response(
+    make_provider: MakeProvider,
+    httpserver: HTTPServer,
+    status: int,
+    headers: dict[str, str] | Callable[[], dict[str, str]],
+    body: str,
+    kind: type[Sent | Retry | Permanent],
+    fragment: str | None,
+    retry_after: float | None,
+) -> None:
+    headers = headers() if callable(headers) else headers
+    httpserver.expect_oneshot_request("/hook", method="POST").respond_with_response(
+        Response(body, status=status, headers=headers)
+    )
+    outcome = make_provider().send(notification(httpserver.url_for("/hook")))
+    httpserver.check_assertions()
+    assert type(outcome) is kind
+    if isinstance(outcome, Sent):
+        assert outcome.provider_message_id == "notification-42"
+        return
+    assert fragment is not None
+    assert fragment in outcome.error
+    assert len(outcome.error) <= 500  # a huge error body is cut short
+    assert SECRET not in outcome.error
+    if status == 301:
+        assert "not followed" in outcome.error
+    if isinstance(outcome, Retry):
+        if retry_after is None:
+            assert outcome.retry_after is None
+        else:
+            assert outcome.retry_after == pytest.approx(retry_after, abs=3)
+
+
+def _garbage(conn: socket.socket, _: threading.Event) -> None:
+    read_request(conn)
+    conn.sendall(b"\x00\x01 this is not HTTP \xff\r\n\r\n")
+
+
+def _silence(conn: socket.socket, stopping: threading.Event) -> None:
+    read_request(conn)
+    stopping.wait(10)
+
+
+def test_garbage_reply_is_retried(
+    make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
+) -> None:
+    server = raw_server(_garbage)
+    outcome = make_provider().send(notification(server.url))
+    assert isinstance(outcome, Retry)
+    assert "127.0.0.1" in outcome.error
+    assert server.accepted == 1
+
+
+def test_refused_connection_is_retried(make_provider: MakeProvider) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]  # closed on leaving the block: nothing listens there now
+    outcome = make_provider().send(notification(f"http://127.0.0.1:{port}/hook"))
+    assert isinstance(outcome, Retry)
+    assert "ConnectError" in outcome.error
+
+
+def test_silent_server_times_out(
+    make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
+) -> None:
+    server = raw_server(_silence)
+    provider = make_provider(timeout=1)
+    started = time.monotonic()
+    outcome = provider.send(notification(server.url))
+    elapsed = time.monotonic() - started
+    assert server.accepted == 1  # the fault happened: it took the request and said nothing
+    assert isinstance(outcome, Retry)
+    assert "timed out" in outcome.error
+    assert "1s limit" in outcome.error
+    assert 0.9 <= elapsed < 3
+
+
+def test_connections_survive_close_between_batches(
+    make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
+) -> None:
+    hung_up = threading.Event()
+
+    def keep_alive(conn: socket.socket, _: threading.Event) -> None:
+        while read_request(conn) is not None:
+            server.requests += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        hung_up.set()
+
+    server = raw_server(keep_alive)
+    provider = make_provider()
+    for batch in range(3):
+        assert isinstance(provider.send(notification(server.url, id=batch)), Sent)
+        provider.close()
+    assert (server.accepted, server.requests) == (1, 3)
+    provider.shutdown()
+    assert hung_up.wait(2), "shutdown() should close the kept-alive connection"
+
+
+# -- what the receiver gets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("secret", "key"),
+    [(SECRET, b"0123456789abcdef0123456789abcdef"), ("plain secret", b"plain secret")],
+    ids=["whsec", "plain"],
+)
+def test_requests_are_signed(
+    make_provider: MakeProvider, httpserver: HTTPServer, secret: str, key: bytes
+) -> None:
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    provider = make_provider(secret=secret)
+    row = notification(httpserver.url_for("/hook"))
+    for _ in range(2):
+        assert isinstance(provider.send(row), Sent)
+    assert len(httpserver.log) == 2
+    for request, _ in httpserver.log:
+        msg_id = request.headers["webhook-id"]
+        timestamp = request.headers["webhook-timestamp"]
+        signed = f"{msg_id}.{timestamp}.".encode() + request.get_data()
+        expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        assert hmac.compare_digest(request.headers["webhook-signature"], f"v1,{expected}")
+        assert msg_id == "notification-42"
+        assert abs(int(timestamp) - time.time()) < 5
+        assert request.headers["User-Agent"].startswith("notifier/")
+
+
+def test_unsigned_requests_still_carry_an_id(
+    make_provider: MakeProvider, httpserver: HTTPServer
+) -> None:
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    row = notification(httpserver.url_for("/hook"))
+    assert isinstance(make_provider(secret=None).send(row), Sent)
+    ((request, _),) = httpserver.log
+    assert request.headers["webhook-id"] == "notification-42"
+    assert "webhook-signature" not in request.headers
+
+
+def test_body_round_trips(make_provider: MakeProvider, httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    payload = {"headers": {"X-Ignored": "1"}, "items": [1, 2.5, None, True], "name": "Zoë ✓"}
+    row = notification(httpserver.url_for("/hook"), id=9, subject=None, payload=payload)
+    assert isinstance(make_provider().send(row), Sent)
+    ((request, _),) = httpserver.log
+    expected = {"id": 9, "subject": None, "body": row.body, "payload": payload}
+    assert request.get_data() == json.dumps(expected, separators=(",", ":")).encode()
+    assert json.loads(request.get_data()) == expected
+    assert request.headers["Content-Type"] == "application/json"
+    assert "X-Ignored" not in request.headers
+
+
+def test_concurrent_sends_arrive_once_each(
+    make_provider: MakeProvider, httpserver: HTTPServer
+) -> None:
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    provider = make_provider()
+    rows = [notification(httpserver.url_for("/hook"), id=i) for i in range(30)]
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(provider.send, rows))
+    assert all(isinstance(o, Sent) for o in outcomes)
+    ids = sorted(request.headers["webhook-id"] for request, _ in httpserver.log)
+    assert ids == sorted(f"notification-{i}" for i in range(30))
+
+
+# -- rows that can never be sent -----------------------------------------------------------------
+
+INVALID = [
+    ("", "recipient is empty"),
+    ("   ", "recipient is empty"),
+    ("example.com/hook", "not an absolute URL"),
+    ("/hook", "not an absolute URL"),
+    ("https://", "not an absolute URL"),
+    ("ftp://example.com/hook", "scheme 'ftp' is not supported"),
+    ("{base}/hook", "NOTIFIER_WEBHOOK_ALLOW_HTTP"),
+    ("{base}/a hook", "whitespace"),
+    ("{base}/hook\r\nX-Injected: 1", "whitespace"),
+    ("https://example.com/" + "a" * 2100, "at most 2048"),
+    ("https://example.com:99999/hook", "malformed"),
+]
+
+
+@pytest.mark.parametrize(("url", "message"), INVALID, ids=[m for _, m in INVALID])
+def test_invalid_recipients_are_refused(
+    make_provider: MakeProvider, httpserver: HTTPServer, url: str, message: str
+) -> None:
+    provider = make_provider(allow_http=False)
+    row = notification(url.format(base=httpserver.url_for("").rstrip("/")))
+    with pytest.raises(InvalidNotification, match=message):
+        provider.validate(row)
+    assert httpserver.log == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://example.com/hook", "https://user:pw@example.com/h?a=1", "https://[::1]:8443/x"],
+)
+def test_valid_recipients_pass(make_provider: MakeProvider, url: str) -> None:
+    make_provider(allow_http=False).validate(notification(url))
+
+
+def test_credentials_in_the_url_stay_out_of_errors(
+    make_provider: MakeProvider, httpserver: HTTPServer
+) -> None:
+    httpserver.expect_request("/hook").respond_with_data("nope", status=500)
+    url = httpserver.url_for("/hook").replace("http://", "http://user:hunter2@")
+    outcome = make_provider().send(notification(url))
+    assert isinstance(outcome, Retry)
+    assert "hunter2" not in outcome.error
+    request, _ = httpserver.log[0]
+    assert request.authorization is not None
+    assert request.authorization.password == "hunter2"
