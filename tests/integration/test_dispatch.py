@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
+from werkzeug import Request, Response
 
 from notifier.dispatch import Dispatcher
-from notifier.providers import Registry
+from notifier.providers import Registry, load_registry
 from notifier.providers.null import NullProvider
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 
 
 def _rows(engine: Engine, sql: str, **params: object) -> list[tuple[object, ...]]:
@@ -96,3 +99,74 @@ def test_higher_priority_is_claimed_first(engine: Engine, settings: Settings) ->
     assert _rows(engine, "SELECT status FROM notifications WHERE recipient = 'urgent'") == [
         ("sent",)
     ]
+
+
+def test_providers_are_called_outside_any_transaction(
+    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the receiver handles the request, the claim is committed and no transaction is open."""
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
+    get_settings.cache_clear()
+    seen: list[tuple[object, ...]] = []
+
+    def handler(request: Request) -> Response:
+        with engine.connect() as conn:
+            seen.append(
+                tuple(
+                    conn.execute(
+                        text(
+                            "SELECT (SELECT status FROM notifications),"
+                            " (SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND state LIKE 'idle in transaction%')"
+                        )
+                    ).one()
+                )
+            )
+        return Response("ok")
+
+    httpserver.expect_request("/hook", method="POST").respond_with_handler(handler)
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url)"),
+            {"url": httpserver.url_for("/hook")},
+        )
+    dispatcher = Dispatcher(engine, load_registry(), settings)
+    assert dispatcher.run_once().sent == 1
+    dispatcher.close()
+    assert seen == [("processing", 0)]
+
+
+def test_server_errors_back_off_then_dead_with_the_last_error(
+    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
+    get_settings.cache_clear()
+    httpserver.expect_request("/hook").respond_with_data("overloaded", status=503)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient, max_attempts)"
+                " VALUES ('webhook', :url, 3)"
+            ),
+            {"url": httpserver.url_for("/hook")},
+        )
+    dispatcher = Dispatcher(engine, load_registry(), settings)
+    waits = []
+    for _ in range(3):
+        _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")
+        dispatcher.run_once()
+        waits.extend(
+            _rows(
+                engine,
+                "SELECT extract(epoch FROM next_attempt_at - updated_at)::float8, status,"
+                " attempts, last_error FROM notifications",
+            )
+        )
+    dispatcher.close()
+    # base 1 s doubling, 20 % jitter taken off: [0.8, 1] then [1.6, 2]; then given up.
+    assert 0.8 <= waits[0][0] <= 1.0
+    assert 1.6 <= waits[1][0] <= 2.0
+    assert [w[1:3] for w in waits] == [("pending", 1), ("pending", 2), ("dead", 3)]
+    host = f"{httpserver.host}:{httpserver.port}"
+    assert waits[2][3] == f"gave up after 3 attempts; last error: HTTP 503 from {host}: overloaded"
+    assert len(httpserver.log) == 3
