@@ -19,14 +19,15 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from notifier import store
@@ -92,10 +93,28 @@ class BatchReport:
     stale: int
     """Outcomes that changed nothing: the row's lease had expired and it was taken back."""
     took: float
+    released: int = 0
+    """Claimed rows handed back unsent (stopping, or sending paused), attempts not used up."""
+    paused: str | None = None
+    """Why this batch could not send, when the send gate was closed."""
+
+
+class SendingPaused(Exception):
+    """Raised by a send gate: nothing may be sent now (e.g. Redis, home of the limits, is down)."""
+
+
+def _always_open() -> None:
+    return
 
 
 class Dispatcher:
-    """Claims, sends and records batches for one worker process."""
+    """Claims, sends and records batches for one worker process.
+
+    ``gate`` is called before every claim and again before the batch's sends; it raises
+    ``SendingPaused`` to stop sending (fail closed). Setting ``stopping`` makes the dispatcher
+    claim nothing more, let the sends under way finish, and hand the batch's unstarted rows
+    back at once.
+    """
 
     def __init__(
         self,
@@ -105,6 +124,8 @@ class Dispatcher:
         *,
         worker: str | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        gate: Callable[[], None] = _always_open,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -116,6 +137,8 @@ class Dispatcher:
         )
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.clock = clock
+        self.gate = gate
+        self.stopping = stopping or threading.Event()
         self._pool: ThreadPoolExecutor | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -128,21 +151,34 @@ class Dispatcher:
         """Run batches while full ones keep coming, for at most ``budget_seconds``.
 
         ``on_full_batch`` is called after every full batch, so the caller can bring more
-        workers in while a backlog remains.
+        workers in while a backlog remains. Stops early when stopping or paused.
         """
         budget = self.settings.dispatch_budget_seconds if budget_seconds is None else budget_seconds
         deadline = time.monotonic() + budget
         reports = []
-        while True:
+        while not self.stopping.is_set():
             report = self.run_once()
             reports.append(report)
-            if report.claimed < self.settings.batch_size or time.monotonic() >= deadline:
-                return reports
+            if (
+                report.claimed < self.settings.batch_size
+                or report.released
+                or report.paused
+                or time.monotonic() >= deadline
+            ):
+                break
             on_full_batch()
+        return reports
 
     def run_once(self) -> BatchReport:
         """Claim one batch, send it, record what happened."""
         started = time.monotonic()
+        if self.stopping.is_set():
+            return BatchReport(0, 0, 0, 0, 0, 0.0)
+        try:
+            self.gate()
+        except SendingPaused as exc:
+            log.warning("sending paused, claiming nothing: %s", exc)
+            return BatchReport(0, 0, 0, 0, 0, time.monotonic() - started, paused=str(exc))
         token = uuid4()
         with self.engine.begin() as conn:
             claimed = store.claim_due(
@@ -155,25 +191,37 @@ class Dispatcher:
         if not claimed:
             return BatchReport(0, 0, 0, 0, 0, time.monotonic() - started)
         try:
-            outcomes = self._send_all(claimed)
+            self.gate()
+        except SendingPaused as exc:
+            log.warning("sending paused, handing %d rows back: %s", len(claimed), exc)
+            released = self._release(token, [n.id for n in claimed])
+            return BatchReport(
+                len(claimed), 0, 0, 0, 0, time.monotonic() - started, released, str(exc)
+            )
+        try:
+            outcomes, released = self._send_all(token, claimed)
         finally:
             self.registry.close()
-        decided = plan(claimed, outcomes, self.policy, self.clock())
+        decided = plan(
+            [n for n in claimed if n.id in outcomes], outcomes, self.policy, self.clock()
+        )
         changed = self._record(token, decided)
         report = BatchReport(
             claimed=len(claimed),
             sent=len(decided.sent),
             retried=len(decided.retries),
             dead=len(decided.dead),
-            stale=len(claimed) - changed,
+            stale=len(outcomes) - changed,
             took=time.monotonic() - started,
+            released=released,
         )
         log.info(
-            "batch claimed=%d sent=%d retried=%d dead=%d stale=%d took=%.3fs",
+            "batch claimed=%d sent=%d retried=%d dead=%d released=%d stale=%d took=%.3fs",
             report.claimed,
             report.sent,
             report.retried,
             report.dead,
+            report.released,
             report.stale,
             report.took,
         )
@@ -187,15 +235,28 @@ class Dispatcher:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def _send_all(self, claimed: Sequence[Notification]) -> dict[int, Outcome]:
-        if len(claimed) == 1 or self.settings.send_concurrency == 1:
-            return {n.id: self._send_one(n) for n in claimed}
+    def _send_all(
+        self, token: UUID, claimed: Sequence[Notification]
+    ) -> tuple[dict[int, Outcome], int]:
+        """Send concurrently; on ``stopping``, hand back the rows whose send has not started."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
             )
-        outcomes = self._pool.map(self._send_one, claimed)
-        return dict(zip((n.id for n in claimed), outcomes, strict=True))
+        futures = {self._pool.submit(self._send_one, n): n.id for n in claimed}
+        outcomes: dict[int, Outcome] = {}
+        released = 0
+        waiting: set[Future[Outcome]] = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=0.05, return_when=FIRST_COMPLETED)
+            for future in done:
+                outcomes[futures[future]] = future.result()
+            if waiting and self.stopping.is_set():
+                unstarted = {f for f in waiting if f.cancel()}
+                if unstarted:
+                    waiting -= unstarted
+                    released += self._release(token, [futures[f] for f in unstarted])
+        return outcomes, released
 
     def _send_one(self, n: Notification) -> Outcome:
         provider = self.registry.get(n.channel)
@@ -218,8 +279,20 @@ class Dispatcher:
 
     # -- recording ------------------------------------------------------------------------------
 
+    def _release(self, token: UUID, ids: list[int]) -> int:
+        return self._write(lambda conn: store.release(conn, token, ids))
+
     def _record(self, token: UUID, decided: Plan) -> int:
-        """Write the batch's outcomes in one transaction, retrying until it commits.
+        return self._write(
+            lambda conn: (
+                store.mark_sent(conn, token, decided.sent)
+                + store.schedule_retry(conn, token, decided.retries)
+                + store.mark_dead(conn, token, decided.dead)
+            )
+        )
+
+    def _write(self, statements: Callable[[Connection], int]) -> int:
+        """Run one transaction of outcome writes, retrying until it commits.
 
         Gives up only when the lease has run out: by then the rescue owns the rows.
         """
@@ -228,11 +301,7 @@ class Dispatcher:
         while True:
             try:
                 with self.engine.begin() as conn:
-                    return (
-                        store.mark_sent(conn, token, decided.sent)
-                        + store.schedule_retry(conn, token, decided.retries)
-                        + store.mark_dead(conn, token, decided.dead)
-                    )
+                    return statements(conn)
             except (OperationalError, InterfaceError) as exc:  # connection lost, db restarting
                 if time.monotonic() + delay >= deadline:
                     raise

@@ -1,5 +1,13 @@
 """The Celery app and its thin tasks. All the work is in ``notifier.dispatch``.
 
+Stopping: on a warm shutdown (SIGTERM to the worker) the main process passes SIGTERM on to its
+pool processes, where it sets ``STOPPING``: the dispatch under way claims nothing more, lets the
+sends in progress finish and hands its unstarted rows back at once.
+
+Failing closed: before each claim and each batch's sends the dispatcher pings Redis; if Redis
+cannot be reached nothing is sent and claimed rows go back to ``pending`` without using up an
+attempt.
+
 ``dispatch`` runs batches while a backlog remains. After each full batch it makes sure one more
 ``dispatch`` message waits in the queue (never more than one, thanks to a short-lived flag in
 Redis), so idle worker processes and replicas join in until the backlog is gone, without a flood
@@ -8,15 +16,21 @@ of triggers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
+import billiard.process
 import redis
 from celery import Celery, signals
 
 from notifier import store
-from notifier.dispatch import Dispatcher
+from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 
@@ -29,9 +43,22 @@ app.config_from_object("celeryconfig")
 WAITING_FLAG = "notifier:dispatch:waiting"
 
 
+#: Set in a pool process once its worker is shutting down.
+STOPPING = threading.Event()
+
+
 @lru_cache(maxsize=1)
 def _dispatcher() -> Dispatcher:
-    return Dispatcher(store.engine(), load_registry(), get_settings())
+    return Dispatcher(
+        store.engine(), load_registry(), get_settings(), gate=_redis_gate, stopping=STOPPING
+    )
+
+
+def _redis_gate() -> None:
+    try:
+        _redis().ping()
+    except redis.RedisError as exc:
+        raise SendingPaused(f"Redis unreachable ({exc}); not sending until it is back") from exc
 
 
 @lru_cache(maxsize=1)
@@ -50,8 +77,29 @@ def _keep_one_waiting() -> None:
 @app.task(name="notifier.dispatch")
 def dispatch() -> int:
     """Send due notifications until none are left or the time budget is spent."""
-    _redis().delete(WAITING_FLAG)
-    return sum(r.claimed for r in _dispatcher().drain(on_full_batch=_keep_one_waiting))
+    with contextlib.suppress(redis.RedisError):  # the flag expires by itself
+        _redis().delete(WAITING_FLAG)
+    with _sigterm_stops_gracefully():
+        reports = _dispatcher().drain(on_full_batch=_keep_one_waiting)
+    return sum(r.claimed for r in reports)
+
+
+@contextlib.contextmanager
+def _sigterm_stops_gracefully() -> Iterator[None]:
+    """While a dispatch runs in a pool process, SIGTERM asks it to stop instead of killing it.
+
+    Billiard installs its own SIGTERM handler in pool processes after start-up, so ours is put
+    in place for the length of the task only, and the previous one restored after it.
+    """
+    STOPPING.clear()
+    if threading.current_thread() is not threading.main_thread():  # a thread pool: no signals
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: STOPPING.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @app.task(name="notifier.rescue")
@@ -70,3 +118,12 @@ def _after_fork(**_: Any) -> None:
     store.dispose_engine()
     _dispatcher.cache_clear()
     _redis.cache_clear()
+
+
+@signals.worker_shutting_down.connect
+def _tell_pool_processes(**_: Any) -> None:
+    """Warm shutdown: let each pool process stop claiming and hand back what it has not sent."""
+    for child in billiard.process.active_children():
+        if child.pid:
+            with contextlib.suppress(ProcessLookupError):  # it has just exited
+                os.kill(child.pid, signal.SIGTERM)
