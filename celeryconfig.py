@@ -24,9 +24,9 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 # One message at a time per process: a busy process must not sit on dispatches others could run.
 worker_prefetch_multiplier = 1
-# Each dispatch hands over to a fresh task after its budget; the limits sit well above it and
-# above the per-call network timeouts, so they fire only on a genuine hang.
-task_soft_time_limit = int(_settings.dispatch_budget_seconds + 4 * _settings.smtp_timeout + 60)
+# A dispatch starts no send after its budget, and every network call has a timeout, so a task
+# lasts at most its budget plus one send; the limits sit above that and fire only on a bug.
+task_soft_time_limit = int(_settings.task_soft_time_limit)
 task_time_limit = task_soft_time_limit + 30
 # With late acks, a task whose connection to Redis was lost would be redelivered while it still
 # runs; cancel it instead (its claimed rows are protected by their lease and claim token).
@@ -38,6 +38,8 @@ broker_transport_options = {
     "socket_connect_timeout": 10,
 }
 broker_connection_retry_on_startup = True
+# No task is ever sent with an ETA or countdown: retry times live in the rows. (Delayed messages
+# would sit unacknowledged in Redis past the visibility timeout and be delivered twice.)
 # Recycle worker processes now and then, so slow leaks in a provider library cannot grow forever.
 worker_max_tasks_per_child = 1000
 worker_max_memory_per_child = 512_000  # KiB

@@ -1,4 +1,4 @@
-"""The ``notifier`` command: ``migrate``, ``send``, ``stats``."""
+"""The ``notifier`` command: ``migrate``, ``send``, ``stats``, ``health``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import client, store
+from notifier import client, health, store
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -138,6 +139,21 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_health(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    checks = health.check(
+        store.engine(), client, settings, settings.heartbeat_file if args.worker else None
+    )
+    client.close()
+    if args.json:
+        print(json.dumps([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks]))
+    else:
+        for c in checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {c.detail}")
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=5)
     p.add_argument("--priority", type=int, default=0, help="higher is sent first")
     p.set_defaults(func=_cmd_send)
+
+    p = sub.add_parser(
+        "health", help="exit 0 if PostgreSQL and Redis answer and due work is being claimed"
+    )
+    p.add_argument(
+        "--worker", action="store_true", help="also require this worker's recent heartbeat"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_health)
 
     p = sub.add_parser("stats", help="rows by status and channel, and the queue's lag")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -157,7 +157,7 @@ class Dispatcher:
         deadline = time.monotonic() + budget
         reports = []
         while not self.stopping.is_set():
-            report = self.run_once()
+            report = self.run_once(deadline)
             reports.append(report)
             if (
                 report.claimed < self.settings.batch_size
@@ -169,8 +169,15 @@ class Dispatcher:
             on_full_batch()
         return reports
 
-    def run_once(self) -> BatchReport:
-        """Claim one batch, send it, record what happened."""
+    def run_once(self, deadline: float | None = None) -> BatchReport:
+        """Claim one batch, send it, record what happened.
+
+        Sends not started by ``deadline`` (a ``time.monotonic()`` value; by default the dispatch
+        budget from now) are handed back, so a slow provider cannot stretch a task past its
+        time limit: a task lasts at most its budget plus one send.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.dispatch_budget_seconds
         started = time.monotonic()
         if self.stopping.is_set():
             return BatchReport(0, 0, 0, 0, 0, 0.0)
@@ -199,7 +206,7 @@ class Dispatcher:
                 len(claimed), 0, 0, 0, 0, time.monotonic() - started, released, str(exc)
             )
         try:
-            outcomes, released = self._send_all(token, claimed)
+            outcomes, released = self._send_all(token, claimed, deadline)
         finally:
             self.registry.close()
         decided = plan(
@@ -236,9 +243,9 @@ class Dispatcher:
     # -- sending --------------------------------------------------------------------------------
 
     def _send_all(
-        self, token: UUID, claimed: Sequence[Notification]
+        self, token: UUID, claimed: Sequence[Notification], deadline: float
     ) -> tuple[dict[int, Outcome], int]:
-        """Send concurrently; on ``stopping``, hand back the rows whose send has not started."""
+        """Send concurrently; when stopping or past ``deadline``, hand back unstarted rows."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
@@ -251,7 +258,7 @@ class Dispatcher:
             done, waiting = wait(waiting, timeout=0.05, return_when=FIRST_COMPLETED)
             for future in done:
                 outcomes[futures[future]] = future.result()
-            if waiting and self.stopping.is_set():
+            if waiting and (self.stopping.is_set() or time.monotonic() > deadline):
                 unstarted = {f for f in waiting if f.cancel()}
                 if unstarted:
                     waiting -= unstarted

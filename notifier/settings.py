@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
+from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class SmtpTls(StrEnum):
@@ -89,6 +92,35 @@ class Settings(BaseSettings):
     webhook_allow_http: bool = False
     """Accept plain ``http://`` webhook targets (local development and tests only)."""
 
+    webhook_allowed_networks: Annotated[list[IPv4Network | IPv6Network], NoDecode] = Field(
+        default_factory=list
+    )
+    """Networks a webhook target may resolve to although they are internal (loopback, private,
+    link-local, ...), as comma-separated CIDRs: ``10.20.0.0/16,fd00:1::/64``. Empty by default,
+    so a producer cannot make notifier call the deployment's own services (SSRF); see
+    ``notifier/providers/netguard.py``."""
+
+    max_payload_bytes: int = Field(65_536, gt=0)
+    """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
+    the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
+
+    heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
+    """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""
+
+    @property
+    def longest_send_seconds(self) -> float:
+        """The longest one send can take before its provider's timeouts end it.
+
+        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
+        HTTP for the connection, the request and the response.
+        """
+        return max(6 * self.smtp_timeout, 3 * self.webhook_timeout)
+
+    @property
+    def task_soft_time_limit(self) -> float:
+        """A dispatch stops starting sends after its budget; this adds one send and a margin."""
+        return self.dispatch_budget_seconds + self.longest_send_seconds + 30
+
     @field_validator("database_url")
     @classmethod
     def _use_psycopg3(cls, url: str) -> str:
@@ -99,6 +131,23 @@ class Settings(BaseSettings):
         if not url.startswith("postgresql+psycopg://"):
             raise ValueError("must be a postgresql:// or postgresql+psycopg:// URL")
         return url
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        """Read the environment's comma-separated list (``NoDecode`` keeps it from JSON)."""
+        if not isinstance(value, str):
+            return value
+        networks: list[IPv4Network | IPv6Network] = []
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                networks.append(ip_network(item))
+            except ValueError as exc:
+                raise ValueError(
+                    f"{item!r} is not a network in CIDR notation like 10.0.0.0/8 or fd00::/8 "
+                    f"({exc})"
+                ) from None
+        return networks
 
 
 @lru_cache(maxsize=1)

@@ -167,10 +167,10 @@ def make_engine(url: str) -> Engine:
     )
 
 
-def dispose_engine() -> None:
-    """Forget connections inherited from a parent process (call right after fork)."""
+def dispose_engine(*, close: bool = False) -> None:
+    """Forget the process's engine; right after fork, without closing the parent's sockets."""
     if engine.cache_info().currsize:
-        engine().dispose(close=False)
+        engine().dispose(close=close)
     engine.cache_clear()
 
 

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
@@ -29,7 +30,7 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import store
+from notifier import health, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.settings import get_settings
@@ -79,9 +80,15 @@ def dispatch() -> int:
     """Send due notifications until none are left or the time budget is spent."""
     with contextlib.suppress(redis.RedisError):  # the flag expires by itself
         _redis().delete(WAITING_FLAG)
+    settings = get_settings()
+    health.touch(settings.heartbeat_file)
     with _sigterm_stops_gracefully():
         reports = _dispatcher().drain(on_full_batch=_keep_one_waiting)
-    return sum(r.claimed for r in reports)
+    claimed = sum(r.claimed for r in reports)
+    if claimed:
+        with contextlib.suppress(redis.RedisError):
+            _redis().set(health.LAST_CLAIM_KEY, time.time())
+    return claimed
 
 
 @contextlib.contextmanager
@@ -110,6 +117,18 @@ def rescue() -> dict[str, int]:
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts
+
+
+@signals.worker_init.connect
+def _check_settings(**_: Any) -> None:
+    settings = get_settings()
+    if settings.lease_seconds <= app.conf.task_time_limit:
+        log.warning(
+            "NOTIFIER_LEASE_SECONDS=%s is not above the task time limit (%ss): a slow batch may "
+            "be rescued while it is still sending, and some rows sent twice",
+            settings.lease_seconds,
+            app.conf.task_time_limit,
+        )
 
 
 @signals.worker_process_init.connect

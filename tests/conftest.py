@@ -51,7 +51,7 @@ def database_url(template_database: str, monkeypatch: pytest.MonkeyPatch) -> Ite
     get_settings.cache_clear()
     store.dispose_engine()
     yield url
-    store.dispose_engine()
+    store.dispose_engine(close=True)
     get_settings.cache_clear()
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
