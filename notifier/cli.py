@@ -1,4 +1,4 @@
-"""The ``notifier`` command: ``migrate``, ``send``, ``stats``, ``health``."""
+"""The ``notifier`` command: ``migrate``, ``send``, ``cancel``, ``stats``, ``health``."""
 
 from __future__ import annotations
 
@@ -104,11 +104,29 @@ def _cmd_send(args: argparse.Namespace) -> int:
             delay=args.delay,
             max_attempts=args.max_attempts,
             priority=args.priority,
+            expires_at=None if args.expires_in is None else datetime.now(UTC) + args.expires_in,
+            guard=args.guard,
         )
     if not result.created:
         print(f"{result.id} (already queued with key {args.key!r}; nothing written)")
     else:
         print(result.id)
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    reason = args.reason
+    with store.engine().begin() as conn:
+        if args.id is not None:
+            done = store.cancel_by_id(conn, args.id, reason)
+            what = f"notification {args.id}"
+        else:
+            done = client.cancel(conn, args.key, reason)
+            what = f"the notification with key {args.key!r}"
+    if not done:
+        print(f"{what} was not waiting to be sent (no such row, or already finished)")
+        return 1
+    print(f"cancelled {what}")
     return 0
 
 
@@ -173,7 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--at", type=parse_when, help="send at an ISO 8601 time")
     p.add_argument("--max-attempts", type=int, default=5)
     p.add_argument("--priority", type=int, default=0, help="higher is sent first")
+    p.add_argument(
+        "--expires-in", type=parse_duration, help="cancel instead of sending after this, e.g. 10m"
+    )
+    p.add_argument("--guard", help="send-time check that must agree, e.g. http")
     p.set_defaults(func=_cmd_send)
+
+    p = sub.add_parser("cancel", help="cancel a notification that has not been sent yet")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("key", nargs="?", help="the row's dedupe key")
+    target.add_argument("--id", type=int, help="the row's id")
+    p.add_argument("--reason", default="cancelled by operator", help="stored in last_error")
+    p.set_defaults(func=_cmd_cancel)
 
     p = sub.add_parser(
         "health", help="exit 0 if PostgreSQL and Redis answer and due work is being claimed"

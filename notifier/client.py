@@ -40,10 +40,14 @@ def enqueue(
     delay: timedelta | None = None,
     max_attempts: int = 5,
     priority: int = 0,
+    expires_at: datetime | None = None,
+    guard: str | None = None,
 ) -> Enqueued:
     """Write one notification; with ``key``, a second call with the same key writes nothing.
 
-    ``send_at`` (timezone-aware) or ``delay`` makes it a delayed send.
+    ``send_at`` (timezone-aware) or ``delay`` makes it a delayed send; a row not sent by
+    ``expires_at`` is cancelled instead of sent late. ``guard`` names a send-time check (e.g.
+    ``"http"``) that must agree right before the send.
     """
     if send_at is not None and delay is not None:
         raise ValueError("give send_at or delay, not both")
@@ -53,6 +57,8 @@ def enqueue(
         send_at = datetime.now(UTC) + delay
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
+    if expires_at is not None and expires_at.tzinfo is None:
+        raise ValueError("expires_at must be timezone-aware")
     row_id, created = store.enqueue_row(
         conn,
         {
@@ -65,11 +71,17 @@ def enqueue(
             "max_attempts": max_attempts,
             "priority": priority,
             "send_at": send_at,
+            "expires_at": expires_at,
+            "guard": guard,
         },
     )
     return Enqueued(row_id, created)
 
 
 def cancel(conn: store.ProducerConnection, key: str, reason: str = "cancelled by producer") -> bool:
-    """Cancel the pending notification with this dedupe key; False if none was pending."""
+    """Cancel the unsent notification with this dedupe key; False if there was none.
+
+    A row already claimed by a worker is cancelled too: the worker looks again right before
+    sending. Only a send already under way at that moment still goes out.
+    """
     return store.cancel_by_key(conn, key, reason) is not None

@@ -6,11 +6,13 @@ The life of a batch:
 
 1. ``claim_due`` marks up to ``batch_size`` due rows ``processing`` in one short transaction and
    counts the attempt.
-2. Every row is checked (known channel, a JSON-object payload, the provider's ``validate``) and
-   sent by its provider, several at a time, with no transaction open.
-3. ``plan`` turns the answers into three bulk writes, made in one transaction: ``sent``;
-   ``pending`` again after the backoff; ``dead`` with the reason. A write that fails because the
-   database went away is retried until it commits, so a send that happened is not forgotten.
+2. Just before sending, rows cancelled since the claim are dropped. Every other row is checked
+   (known channel, a JSON-object payload within the limits, the provider's ``validate``), may
+   not have expired, must pass its guard if it names one, and is sent by its provider, several
+   at a time, with no transaction open.
+3. ``plan`` turns the answers into bulk writes, made in one transaction: ``sent``; ``pending``
+   again after the backoff; ``dead`` or ``cancelled`` with the reason. A write that fails because
+   the database went away is retried until it commits, so a send that happened is not forgotten.
 """
 
 from __future__ import annotations
@@ -21,23 +23,39 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from notifier import guards as guards_module
 from notifier import store
+from notifier.guards import GuardError, Skip
 from notifier.models import Notification
 from notifier.providers import InvalidNotification, Outcome, Permanent, Registry, Retry, Sent
 from notifier.providers.base import truncate
 from notifier.retry import RetryPolicy, next_attempt_at
 from notifier.settings import Settings
+from notifier.validation import check_common
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """Not sent, for good, by notifier's own decision: expired, or its guard said no."""
+
+    reason: str
+
+
+#: What became of one row's attempt: a provider's answer, or cancelled before the provider.
+Result = Outcome | Cancelled
 
 
 @dataclass(slots=True)
@@ -47,11 +65,12 @@ class Plan:
     sent: dict[int, str | None] = field(default_factory=dict)
     retries: list[store.RetryAt] = field(default_factory=list)
     dead: dict[int, str] = field(default_factory=dict)
+    cancelled: dict[int, str] = field(default_factory=dict)
 
 
 def plan(
     claimed: Sequence[Notification],
-    outcomes: dict[int, Outcome],
+    outcomes: Mapping[int, Result],
     policy: RetryPolicy,
     now: datetime,
     rand: Callable[[], float] = random.random,
@@ -67,6 +86,8 @@ def plan(
             result.sent[n.id] = outcome.provider_message_id
         elif isinstance(outcome, Permanent):
             result.dead[n.id] = truncate(outcome.error)
+        elif isinstance(outcome, Cancelled):
+            result.cancelled[n.id] = truncate(outcome.reason)
         else:
             at = next_attempt_at(
                 policy,
@@ -93,6 +114,7 @@ class BatchReport:
     stale: int
     """Outcomes that changed nothing: the row's lease had expired and it was taken back."""
     took: float
+    cancelled: int = 0
     released: int = 0
     """Claimed rows handed back unsent (stopping, or sending paused), attempts not used up."""
     paused: str | None = None
@@ -126,9 +148,11 @@ class Dispatcher:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         gate: Callable[[], None] = _always_open,
         stopping: threading.Event | None = None,
+        guards: guards_module.Registry | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
+        self.guards = guards if guards is not None else guards_module.registry_of([])
         self.settings = settings
         self.policy = RetryPolicy(
             base=settings.retry_base_seconds,
@@ -203,10 +227,14 @@ class Dispatcher:
             log.warning("sending paused, handing %d rows back: %s", len(claimed), exc)
             released = self._release(token, [n.id for n in claimed])
             return BatchReport(
-                len(claimed), 0, 0, 0, 0, time.monotonic() - started, released, str(exc)
+                len(claimed), 0, 0, 0, 0, time.monotonic() - started, 0, released, str(exc)
             )
+        # Checked again right before sending: a producer may have cancelled since the claim.
+        held = self._write(lambda conn: store.still_held(conn, token, (n.id for n in claimed)))
         try:
-            outcomes, released = self._send_all(token, claimed, deadline)
+            outcomes, released = self._send_all(
+                token, [n for n in claimed if n.id in held], deadline
+            )
         finally:
             self.registry.close()
         decided = plan(
@@ -218,16 +246,19 @@ class Dispatcher:
             sent=len(decided.sent),
             retried=len(decided.retries),
             dead=len(decided.dead),
-            stale=len(outcomes) - changed,
+            cancelled=len(decided.cancelled),
+            stale=len(claimed) - len(held) + len(outcomes) - changed,
             took=time.monotonic() - started,
             released=released,
         )
         log.info(
-            "batch claimed=%d sent=%d retried=%d dead=%d released=%d stale=%d took=%.3fs",
+            "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
+            " took=%.3fs",
             report.claimed,
             report.sent,
             report.retried,
             report.dead,
+            report.cancelled,
             report.released,
             report.stale,
             report.took,
@@ -239,21 +270,22 @@ class Dispatcher:
             self._pool.shutdown(wait=True)
             self._pool = None
         self.registry.close()
+        self.guards.close()
 
     # -- sending --------------------------------------------------------------------------------
 
     def _send_all(
         self, token: UUID, claimed: Sequence[Notification], deadline: float
-    ) -> tuple[dict[int, Outcome], int]:
+    ) -> tuple[dict[int, Result], int]:
         """Send concurrently; when stopping or past ``deadline``, hand back unstarted rows."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
             )
-        futures = {self._pool.submit(self._send_one, n): n.id for n in claimed}
-        outcomes: dict[int, Outcome] = {}
+        futures = {self._pool.submit(self._send_one, token, n): n.id for n in claimed}
+        outcomes: dict[int, Result] = {}
         released = 0
-        waiting: set[Future[Outcome]] = set(futures)
+        waiting: set[Future[Result]] = set(futures)
         while waiting:
             done, waiting = wait(waiting, timeout=0.05, return_when=FIRST_COMPLETED)
             for future in done:
@@ -265,7 +297,7 @@ class Dispatcher:
                     released += self._release(token, [futures[f] for f in unstarted])
         return outcomes, released
 
-    def _send_one(self, n: Notification) -> Outcome:
+    def _send_one(self, token: UUID, n: Notification) -> Result:
         provider = self.registry.get(n.channel)
         if provider is None:
             known = ", ".join(sorted(self.registry)) or "none"
@@ -275,14 +307,41 @@ class Dispatcher:
                 raise InvalidNotification(
                     f"payload must be a JSON object, not {type(n.payload).__name__}"
                 )
+            check_common(n, self.settings)
             provider.validate(n)
         except InvalidNotification as exc:
             return Permanent(f"invalid notification: {exc}")
+        if n.expires_at is not None and self.clock() >= n.expires_at:
+            return Cancelled("expired")
+        if n.guard is not None:
+            verdict = self._ask_guard(token, n)
+            if verdict is not None:
+                return verdict
         try:
             return provider.send(n)
         except Exception as exc:  # a provider bug must not lose the batch's other outcomes
             log.exception("provider %s raised on notification %d", n.channel, n.id)
             return Retry(f"{n.channel} provider raised {type(exc).__name__}: {exc}")
+
+    def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
+        """The guard's objection as a result, or ``None`` if the row may be sent now."""
+        guard = self.guards.get(n.guard or "")
+        if guard is None:
+            known = ", ".join(sorted(self.guards)) or "none"
+            return Permanent(f"unknown guard {n.guard!r}; this deployment has: {known}")
+        try:
+            verdict = guard.check(n)
+        except GuardError as exc:
+            return Retry(f"guard {n.guard}: {exc}")
+        except Exception as exc:  # a guard bug is not a reason to send
+            log.exception("guard %s raised on notification %d", n.guard, n.id)
+            return Retry(f"guard {n.guard} raised {type(exc).__name__}: {exc}")
+        if isinstance(verdict, Skip):
+            return Cancelled(verdict.reason)
+        # Asking took time: look once more that nobody cancelled the row meanwhile.
+        if n.id not in self._write(lambda conn: store.still_held(conn, token, [n.id])):
+            return Cancelled("cancelled while its guard was consulted")
+        return None
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -298,8 +357,8 @@ class Dispatcher:
             )
         )
 
-    def _write(self, statements: Callable[[Connection], int]) -> int:
-        """Run one transaction of outcome writes, retrying until it commits.
+    def _write(self, statements: Callable[[Connection], T]) -> T:
+        """Run one transaction of writes (or the recheck before sending), retrying until it commits.
 
         Gives up only when the lease has run out: by then the rescue owns the rows.
         """

@@ -6,7 +6,7 @@ source of the schema; this description exists so a test can prove the two agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -66,7 +66,8 @@ class Notification:
     created_at: datetime
     dedupe_key: str | None = None
     priority: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    guard: str | None = None
+    expires_at: datetime | None = None
 
     @property
     def is_last_attempt(self) -> bool:
@@ -102,6 +103,8 @@ notifications = Table(
     Column("claim_token", PgUUID(as_uuid=True)),
     Column("claimed_by", Text),
     Column("locked_until", DateTime(timezone=True)),
+    Column("guard", Text),
+    Column("expires_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("sent_at", DateTime(timezone=True)),

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     dispatch_interval: float = Field(30.0, gt=0)
     """Seconds between two beat-fired dispatches: the safety net that finds due rows."""
 
+    wake_on_insert: bool = True
+    """Workers LISTEN for inserted rows and dispatch at once (and at a delayed row's time),
+    instead of waiting for the next beat."""
+
     batch_size: int = Field(100, gt=0, le=10_000)
     """Rows one dispatch claims at a time."""
 
@@ -103,6 +107,12 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(65_536, gt=0)
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
+
+    guard_http_url: str | None = None
+    """Where the built-in ``http`` guard asks whether a row may still be sent."""
+
+    guard_http_timeout: float = Field(5.0, gt=0)
+    """Seconds the ``http`` guard waits to connect and for the answer; then the row is retried."""
 
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""

@@ -17,14 +17,14 @@ from uuid import UUID
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, text
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Row, make_url
 
 from notifier.models import Notification
 from notifier.settings import get_settings
 
 _RETURNING = """
     n.id, n.channel, n.recipient, n.subject, n.body, n.payload, n.attempts, n.max_attempts,
-    n.claim_token, n.created_at, n.dedupe_key, n.priority
+    n.claim_token, n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at
 """
 
 CLAIM_DUE = text(
@@ -75,6 +75,22 @@ MARK_DEAD = text(
        SET status = 'dead', updated_at = now(), locked_until = NULL, last_error = v.error
       FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS v(id, error)
      WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+MARK_CANCELLED = text(
+    """
+    UPDATE notifications AS n
+       SET status = 'cancelled', updated_at = now(), locked_until = NULL, last_error = v.reason
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:reasons AS text[])) AS v(id, reason)
+     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+STILL_HELD = text(
+    """
+    SELECT id FROM notifications
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'processing' AND claim_token = :token
     """
 )
 
@@ -129,22 +145,44 @@ OLDEST_DUE = text(
 ENQUEUE = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at)
+            next_attempt_at, expires_at, guard)
     VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
-            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()))
+            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
+            CAST(:expires_at AS timestamptz), :guard)
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
 """
 
 ID_BY_DEDUPE_KEY = "SELECT id FROM notifications WHERE dedupe_key = :dedupe_key"
 
+# A claimed row can be cancelled too: its worker checks again just before sending, and its
+# later outcome write, guarded by status, changes nothing.
 CANCEL_BY_KEY = """
     UPDATE notifications
        SET status = 'cancelled', updated_at = now(), locked_until = NULL,
            last_error = :reason
-     WHERE dedupe_key = :dedupe_key AND status = 'pending'
+     WHERE dedupe_key = :dedupe_key AND status IN ('pending', 'processing')
     RETURNING id
 """
+
+CANCEL_BY_ID = """
+    UPDATE notifications
+       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
+           last_error = :reason
+     WHERE id = :id AND status IN ('pending', 'processing')
+    RETURNING id
+"""
+
+NEXT_WAKE = text(
+    """
+    SELECT extract(epoch FROM min(next_attempt_at))::float8
+      FROM notifications
+     WHERE status = 'pending' AND next_attempt_at > now()
+    """
+)
+
+#: The channel the ``notifications_wake`` trigger notifies on every INSERT of pending rows.
+WAKE_CHANNEL = "notifier_wake"
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -233,6 +271,20 @@ def mark_dead(conn: Connection, token: UUID, dead: Mapping[int, str]) -> int:
     )
 
 
+def mark_cancelled(conn: Connection, token: UUID, cancelled: Mapping[int, str]) -> int:
+    """``processing`` -> ``cancelled`` (a guard said no, or the row expired), with the reason."""
+    if not cancelled:
+        return 0
+    params = {"token": token, "ids": list(cancelled), "reasons": list(cancelled.values())}
+    return _rowcount(conn.execute(MARK_CANCELLED, params))
+
+
+def still_held(conn: Connection, token: UUID, ids: Iterable[int]) -> set[int]:
+    """Which of these rows are still ``processing`` under this claim (not cancelled meanwhile)."""
+    rows = conn.execute(STILL_HELD, {"token": token, "ids": list(ids)}).scalars()
+    return {int(i) for i in rows}
+
+
 def release(
     conn: Connection,
     token: UUID,
@@ -304,9 +356,35 @@ def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[in
 
 
 def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:
-    """Cancel the pending row with this key; its id, or ``None`` if nothing was pending."""
+    """Cancel the unsent row with this key; its id, or ``None`` if none was waiting."""
     row = _producer_execute(conn, CANCEL_BY_KEY, {"dedupe_key": dedupe_key, "reason": reason})
     return None if row is None else int(row[0])
+
+
+def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
+    """Cancel this row if it has not been sent; whether it was."""
+    return _producer_execute(conn, CANCEL_BY_ID, {"id": row_id, "reason": reason}) is not None
+
+
+# --- wake-ups ----------------------------------------------------------------------------------
+
+
+def listen(database_url: str) -> psycopg.Connection[Any]:
+    """A connection of its own, LISTENing for the wake-ups of inserted rows."""
+    conn = psycopg.connect(
+        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False),
+        autocommit=True,
+        connect_timeout=10,
+        application_name="notifier-wake",
+    )
+    conn.execute(f"LISTEN {WAKE_CHANNEL}")
+    return conn
+
+
+def next_wake(conn: Connection) -> float | None:
+    """Unix time at which the earliest delayed pending row falls due, if any."""
+    value = conn.execute(NEXT_WAKE).scalar()
+    return None if value is None else float(value)
 
 
 # --- plumbing ----------------------------------------------------------------------------------
@@ -344,4 +422,6 @@ def _notification(row: Row[Any]) -> Notification:
         created_at=row.created_at,
         dedupe_key=row.dedupe_key,
         priority=row.priority,
+        guard=row.guard,
+        expires_at=row.expires_at,
     )

@@ -30,10 +30,11 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import health, store
+from notifier import guards, health, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.settings import get_settings
+from notifier.wakeup import Waker
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,12 @@ STOPPING = threading.Event()
 @lru_cache(maxsize=1)
 def _dispatcher() -> Dispatcher:
     return Dispatcher(
-        store.engine(), load_registry(), get_settings(), gate=_redis_gate, stopping=STOPPING
+        store.engine(),
+        load_registry(),
+        get_settings(),
+        gate=_redis_gate,
+        stopping=STOPPING,
+        guards=guards.load_registry(),
     )
 
 
@@ -70,9 +76,29 @@ def _redis() -> redis.Redis:
 
 
 def _keep_one_waiting() -> None:
+    """Make sure a dispatch waits in the queue; called for backlogs and wake-ups."""
     expires = get_settings().dispatch_interval
     if _redis().set(WAITING_FLAG, 1, nx=True, ex=max(int(expires), 1)):
         dispatch.apply_async(expires=expires)
+
+
+_waker: Waker | None = None
+
+
+@signals.worker_ready.connect
+def _start_waker(**_: Any) -> None:
+    """Dispatch as soon as rows are inserted or fall due, not at the next beat."""
+    global _waker
+    settings = get_settings()
+    if settings.wake_on_insert and _waker is None:
+        _waker = Waker(store.engine(), settings.database_url, _keep_one_waiting)
+        _waker.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_waker(**_: Any) -> None:
+    if _waker is not None:
+        _waker.stop()
 
 
 @app.task(name="notifier.dispatch")

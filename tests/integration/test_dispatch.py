@@ -8,7 +8,7 @@ from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
 from notifier.dispatch import Dispatcher
-from notifier.providers import Registry, load_registry
+from notifier.providers import load_registry, registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
 
@@ -31,7 +31,7 @@ def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> N
         " RETURNING id",
     )
     calls: list[int] = []
-    dispatcher = Dispatcher(engine, Registry([NullProvider()]), settings)
+    dispatcher = Dispatcher(engine, registry_of([NullProvider()]), settings)
     reports = dispatcher.drain(on_full_batch=lambda: calls.append(1))
     dispatcher.close()
     assert [r.claimed for r in reports] == [50, 50, 50, 50, 50, 10]
@@ -55,7 +55,7 @@ def test_bad_rows_go_dead_with_a_reason_and_block_nothing(
         RETURNING id
         """,
     )
-    Dispatcher(engine, Registry([NullProvider()]), settings).run_once()
+    Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
     rows = _statuses(engine)
     assert rows[1] == ("dead", 1, "unknown channel 'pigeon'; this deployment serves: null")
     assert rows[2] == ("dead", 1, "invalid notification: payload must be a JSON object, not list")
@@ -74,7 +74,7 @@ def test_only_due_pending_rows_are_claimed(engine: Engine, settings: Settings) -
         RETURNING id
         """,
     )
-    report = Dispatcher(engine, Registry([NullProvider()]), settings).run_once()
+    report = Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
     assert report.claimed == 1
     assert [s for (s,) in _rows(engine, "SELECT status FROM notifications ORDER BY id")] == [
         "sent",
@@ -95,7 +95,7 @@ def test_higher_priority_is_claimed_first(engine: Engine, settings: Settings) ->
         "INSERT INTO notifications (channel, recipient, priority) VALUES ('null', 'urgent', 10)"
         " RETURNING id",
     )
-    Dispatcher(engine, Registry([NullProvider()]), settings).run_once()
+    Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
     assert _rows(engine, "SELECT status FROM notifications WHERE recipient = 'urgent'") == [
         ("sent",)
     ]
@@ -106,6 +106,7 @@ def test_providers_are_called_outside_any_transaction(
 ) -> None:
     """While the receiver handles the request, the claim is committed and no transaction is open."""
     monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")  # loopback
     get_settings.cache_clear()
     seen: list[tuple[object, ...]] = []
 
@@ -140,6 +141,7 @@ def test_server_errors_back_off_then_dead_with_the_last_error(
     engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")  # loopback
     get_settings.cache_clear()
     httpserver.expect_request("/hook").respond_with_data("overloaded", status=503)
     with engine.begin() as conn:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from notifier.providers import Registry
+from notifier.providers import registry_of
 from notifier.providers.null import NullProvider
 
 
 def test_refuses_two_providers_for_one_channel() -> None:
-    registry = Registry([NullProvider()])
-    with pytest.raises(ValueError, match="'null' has two providers"):
+    registry = registry_of([NullProvider()])
+    with pytest.raises(ValueError, match="'null' has two plugins"):
         registry.register(NullProvider())
 
 
 def test_finds_by_channel() -> None:
-    registry = Registry([NullProvider()])
+    registry = registry_of([NullProvider()])
     assert isinstance(registry["null"], NullProvider)
     assert registry.get("sms") is None
     assert list(registry) == ["null"]
