@@ -82,7 +82,7 @@ class EmailProvider:
         html = notification.payload.get("html")
         if html is not None and not isinstance(html, str):
             raise InvalidNotification(
-                f"payload.html must be a string of HTML, not {type(html).__name__}"
+                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
             )
         _check_headers(notification.payload.get("headers"))
 
@@ -246,8 +246,8 @@ def _check_headers(headers: Any) -> None:
         return
     if not isinstance(headers, dict):
         raise InvalidNotification(
-            f"payload.headers must be an object of header name to string, "
-            f"not {type(headers).__name__}"
+            'payload.headers must be an object of header name to string like {"X-Campaign": '
+            f'"spring"}}, not {_json_type(headers)}'
         )
     for name, value in headers.items():
         if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
@@ -261,8 +261,29 @@ def _check_headers(headers: Any) -> None:
                 f"payload.headers may not set {name!r}; notifier writes it "
                 "(use recipient, subject, body and payload.html instead)"
             )
-        if not isinstance(value, str) or "\r" in value or "\n" in value:
-            raise InvalidNotification(f"payload.headers[{name!r}] must be a one-line string")
+        if not isinstance(value, str):
+            raise InvalidNotification(
+                f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
+            )
+        if "\r" in value or "\n" in value:
+            raise InvalidNotification(
+                f"payload.headers[{name!r}] must be a one-line string; it contains a line break"
+            )
+
+
+def _json_type(value: object) -> str:
+    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return "a string" if isinstance(value, str) else type(value).__name__
 
 
 def _data(conn: smtplib.SMTP, content: bytes) -> tuple[int, bytes]:

@@ -3,6 +3,10 @@
 Requests follow Standard Webhooks (standardwebhooks.com): ``webhook-id`` is stable across
 retries so receivers can drop duplicates, and with ``NOTIFIER_WEBHOOK_SECRET`` set every request
 carries ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``.
+
+Targets on internal networks are refused (``netguard``): an IP literal already by ``validate``,
+a host name when its connection is opened, against the very addresses it then connects to.
+Redirects are never followed, so they cannot lead anywhere unchecked.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import httpx
 
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.providers.netguard import AddressPolicy, BlockedAddress, guarded_transport
 from notifier.settings import Settings, get_settings
 
 MAX_URL_LENGTH = 2048
 ERROR_BODY_BYTES = 1024
+# httpx's defaults, spelled out because the transport is built here (see ``guarded_transport``).
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
 
 
 def _user_agent() -> str:
@@ -81,6 +88,7 @@ class WebhookProvider:
         secret = self._settings.webhook_secret
         self._key = _signing_key(secret) if secret else None
         self._timeout = self._settings.webhook_timeout
+        self._policy = AddressPolicy(self._settings.webhook_allowed_networks)
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
 
@@ -116,6 +124,9 @@ class WebhookProvider:
             httpx.URL(url)
         except (ValueError, httpx.InvalidURL) as exc:
             raise InvalidNotification(f"recipient URL is malformed: {exc}") from None
+        refusal = self._policy.check_literal(parts.hostname)
+        if refusal is not None:
+            raise InvalidNotification(refusal)
         try:
             self._body(notification)
         except (TypeError, ValueError) as exc:
@@ -153,6 +164,8 @@ class WebhookProvider:
                 if status in (408, 429) or status >= 500:
                     return Retry(error, parse_retry_after(response.headers.get("retry-after")))
                 return Permanent(error)
+        except BlockedAddress as exc:  # raised by the connection, before anything was sent
+            return Permanent(str(exc))
         except httpx.TimeoutException as exc:
             return Retry(
                 f"timed out ({type(exc).__name__}) after the {self._timeout:g}s limit "
@@ -175,6 +188,7 @@ class WebhookProvider:
         with self._lock:
             if self._client is None:
                 self._client = httpx.Client(
+                    transport=guarded_transport(self._policy, _LIMITS),
                     timeout=httpx.Timeout(self._timeout),
                     follow_redirects=False,
                     headers={"User-Agent": _user_agent()},

@@ -2,6 +2,10 @@
 
 pytest-httpserver answers the well-formed cases; ``RawServer`` (a bare socket in a thread) plays
 the receivers HTTP libraries refuse to imitate: garbage replies, silence, keep-alive counting.
+
+Every server here is on loopback, which notifier refuses to call unless the operator allows it,
+so ``make_provider`` allows loopback by default (``LOOPBACK``); the SSRF tests at the end allow
+nothing and prove that no connection reached a listening socket.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.webhook import WebhookProvider
 from notifier.settings import get_settings
 
+# Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
+LOOPBACK = "127.0.0.0/8,::1/128"
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 
 MakeProvider = Callable[..., WebhookProvider]
@@ -61,9 +67,14 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
     made: list[WebhookProvider] = []
 
     def make(
-        *, secret: str | None = SECRET, timeout: float = 5, allow_http: bool = True
+        *,
+        secret: str | None = SECRET,
+        timeout: float = 5,
+        allow_http: bool = True,
+        allowed: str = LOOPBACK,
     ) -> WebhookProvider:
         monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", str(allow_http).lower())
+        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", allowed)
         monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", str(timeout))
         if secret is None:
             monkeypatch.delenv("NOTIFIER_WEBHOOK_SECRET", raising=False)
@@ -366,10 +377,17 @@ def test_invalid_recipients_are_refused(
 
 @pytest.mark.parametrize(
     "url",
-    ["https://example.com/hook", "https://user:pw@example.com/h?a=1", "https://[::1]:8443/x"],
+    [
+        "https://example.com/hook",
+        "https://user:pw@example.com/h?a=1",
+        "https://[2001:db8::1]:8443/x",  # refused by address unless allowed, see below
+        "https://203.0.113.9/x",
+        "https://[fd00::1]/x",
+    ],
 )
 def test_valid_recipients_pass(make_provider: MakeProvider, url: str) -> None:
-    make_provider(allow_http=False).validate(notification(url))
+    provider = make_provider(allow_http=False, allowed="2001:db8::/32,203.0.113.0/24,fd00::/64")
+    provider.validate(notification(url))
 
 
 def test_credentials_in_the_url_stay_out_of_errors(
@@ -383,3 +401,154 @@ def test_credentials_in_the_url_stay_out_of_errors(
     request, _ = httpserver.log[0]
     assert request.authorization is not None
     assert request.authorization.password == "hunter2"
+
+
+# -- targets on internal networks (SSRF) ---------------------------------------------------------
+
+
+class Listener:
+    """A socket that listens and never accepts.
+
+    The kernel completes the TCP handshake of any connection to it and queues it, so
+    ``connections()`` counts every connection that reached it, answered or not.
+    """
+
+    def __init__(self, host: str) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, 0), family=family)
+        self.sock.setblocking(False)
+        self.port: int = self.sock.getsockname()[1]
+
+    def connections(self) -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return count
+            conn.close()
+            count += 1
+
+
+@pytest.fixture
+def listeners() -> Iterator[dict[str, Listener]]:
+    """One listener on 127.0.0.1 and, where this machine has IPv6, one on ::1."""
+    made = {"v4": Listener("127.0.0.1")}
+    with contextlib.suppress(OSError):
+        made["v6"] = Listener("::1")
+    yield made
+    for listener in made.values():
+        listener.sock.close()
+
+
+REFUSED = [
+    # host as written in the URL, what the error says, whether validate() already refuses it
+    ("127.0.0.1", "webhook target 127.0.0.1 is a loopback address (in 127.0.0.0/8)", True),
+    ("localhost", "webhook target localhost resolves to ", False),  # 127.0.0.1 and/or ::1
+    ("127.1", "webhook target 127.1 resolves to 127.0.0.1, a loopback address", False),
+    ("2130706433", "resolves to 127.0.0.1, a loopback address (in 127.0.0.0/8)", False),
+    ("0x7f.0.0.1", "resolves to 127.0.0.1, a loopback address (in 127.0.0.0/8)", False),
+    ("0.0.0.0", "webhook target 0.0.0.0 is an unspecified address (in 0.0.0.0/8)", True),
+    ("[::ffff:127.0.0.1]", "is an IPv4-mapped loopback address (in 127.0.0.0/8)", True),
+    ("[::1]", "webhook target ::1 is a loopback address (in ::1/128)", True),
+]
+# What the refused hosts above need to be let through, for the control in the test below.
+LETS_THROUGH = "127.0.0.0/8,::1/128,0.0.0.0/32"
+
+
+@pytest.mark.parametrize(("host", "fragment", "literal"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_internal_targets_are_refused_without_a_connection(
+    make_provider: MakeProvider,
+    listeners: dict[str, Listener],
+    host: str,
+    fragment: str,
+    literal: bool,
+) -> None:
+    listener = listeners.get("v6" if host == "[::1]" else "v4")
+    if listener is None:
+        pytest.skip("no IPv6 loopback on this machine")
+    row = notification(f"http://{host}:{listener.port}/hook")
+    provider = make_provider(allowed="", timeout=0.5)
+    if literal:
+        with pytest.raises(InvalidNotification) as refused:
+            provider.validate(row)
+        assert fragment in str(refused.value)
+    else:
+        provider.validate(row)  # a name: only resolving it can tell
+    # The connection's own check, which does not rely on validate() having run.
+    outcome = provider.send(row)
+    assert isinstance(outcome, Permanent)
+    assert fragment in outcome.error
+    assert outcome.error.endswith("allow that network with NOTIFIER_WEBHOOK_ALLOWED_NETWORKS")
+    assert listener.connections() == 0
+    # Control: allowed, the same row does reach the listener (which never answers).
+    assert isinstance(make_provider(allowed=LETS_THROUGH, timeout=0.5).send(row), Retry)
+    assert listener.connections() == 1
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("127.0.0.1", "127.0.0.0/8"),
+        ("127.1", "127.0.0.0/8"),
+        ("[::ffff:127.0.0.1]", "127.0.0.0/8"),  # allowed through the IPv4 network it maps
+        ("localhost", LOOPBACK),
+        ("127.0.0.1", "10.0.0.0/8, 127.0.0.1/32"),
+    ],
+)
+def test_allowed_networks_are_sent_to(
+    make_provider: MakeProvider,
+    raw_server: Callable[[Behaviour], RawServer],
+    host: str,
+    allowed: str,
+) -> None:
+    def ok(conn: socket.socket, _: threading.Event) -> None:
+        if read_request(conn) is not None:
+            server.requests += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server = raw_server(ok)
+    url = server.url.replace("127.0.0.1", host)
+    assert isinstance(make_provider(allowed=allowed).send(notification(url)), Sent)
+    assert server.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://10.1.2.3/hook", ""),
+        ("https://192.168.0.10/hook", "10.0.0.0/8"),
+        ("https://169.254.169.254/latest/meta-data/", ""),
+        ("https://[fd00::1]/hook", "fd00:0:0:1::/64"),
+        ("https://[fe80::1]/hook", ""),
+        ("https://100.64.0.1/hook", ""),
+        ("https://[::]/hook", ""),
+    ],
+)
+def test_internal_literals_fail_validation(
+    make_provider: MakeProvider, url: str, allowed: str
+) -> None:
+    """Pure: validate() looks at the literal and never connects (no traffic off loopback)."""
+    provider = make_provider(allow_http=False, allowed=allowed)
+    with pytest.raises(InvalidNotification, match="NOTIFIER_WEBHOOK_ALLOWED_NETWORKS"):
+        provider.validate(notification(url))
+
+
+def test_a_redirect_to_an_internal_address_is_not_followed(
+    make_provider: MakeProvider, httpserver: HTTPServer, listeners: dict[str, Listener]
+) -> None:
+    inside = f"http://127.0.0.1:{listeners['v4'].port}/latest/meta-data/"
+    httpserver.expect_oneshot_request("/hook").respond_with_response(
+        Response("", status=302, headers={"Location": inside})
+    )
+    outcome = make_provider().send(notification(httpserver.url_for("/hook")))
+    assert isinstance(outcome, Permanent)
+    assert "redirects are not followed" in outcome.error
+    assert listeners["v4"].connections() == 0
+
+
+def test_a_host_that_cannot_be_resolved_is_retried(make_provider: MakeProvider) -> None:
+    # A 64-character label fails in the IDNA codec, before any query: no traffic leaves.
+    outcome = make_provider().send(notification("http://" + "a" * 64 + ".example/hook"))
+    assert isinstance(outcome, Retry)
+    assert "cannot resolve" in outcome.error
