@@ -6,28 +6,31 @@ The life of a batch:
 
 1. ``claim_due`` marks up to ``batch_size`` due rows ``processing`` in one short transaction and
    counts the attempt.
-2. Just before sending, rows cancelled since the claim are dropped. Every other row is checked
-   (known channel, a JSON-object payload within the limits, the provider's ``validate``), may
-   not have expired, must pass its guard if it names one, and is sent by its provider, several
-   at a time, with no transaction open.
-3. ``plan`` turns the answers into bulk writes, made in one transaction: ``sent``; ``pending``
-   again after the backoff; ``dead`` or ``cancelled`` with the reason. A write that fails because
-   the database went away is retried until it commits, so a send that happened is not forgotten.
+2. Just before sending, rows cancelled since the claim are dropped and rows of a paused campaign
+   are handed back. Every other row is checked (known channel, a JSON-object payload within the
+   limits, the provider's ``validate``) and may not have expired.
+3. The provider's rate limits grant what they can now; the rest go back to ``pending`` for as
+   long as the limiter says, without using up their attempt.
+4. The rest pass their guard, if they name one, and are sent by their provider, several at a
+   time, with no transaction open.
+5. ``outcomes.plan`` turns the answers into bulk writes, made in one transaction. A write that
+   fails because the database went away is retried until it commits, so a send that happened is
+   not forgotten.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import Connection, Engine
@@ -37,9 +40,9 @@ from notifier import guards as guards_module
 from notifier import store
 from notifier.guards import GuardError, Skip
 from notifier.models import Notification
-from notifier.providers import InvalidNotification, Outcome, Permanent, Registry, Retry, Sent
-from notifier.providers.base import truncate
-from notifier.retry import RetryPolicy, next_attempt_at
+from notifier.outcomes import Cancelled, Plan, Result, plan
+from notifier.providers import InvalidNotification, Permanent, Registry, Retry
+from notifier.retry import RetryPolicy
 from notifier.settings import Settings
 from notifier.validation import check_common
 
@@ -47,95 +50,55 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    """Not sent, for good, by notifier's own decision: expired, or its guard said no."""
-
-    reason: str
-
-
-#: What became of one row's attempt: a provider's answer, or cancelled before the provider.
-Result = Outcome | Cancelled
-
-
-@dataclass(slots=True)
-class Plan:
-    """The writes that record one batch's outcomes."""
-
-    sent: dict[int, str | None] = field(default_factory=dict)
-    retries: list[store.RetryAt] = field(default_factory=list)
-    dead: dict[int, str] = field(default_factory=dict)
-    cancelled: dict[int, str] = field(default_factory=dict)
-
-
-def plan(
-    claimed: Sequence[Notification],
-    outcomes: Mapping[int, Result],
-    policy: RetryPolicy,
-    now: datetime,
-    rand: Callable[[], float] = random.random,
-) -> Plan:
-    """Decide each row's next status from its provider's answer. Pure.
-
-    ``Retry`` on the last allowed attempt becomes ``dead``, naming the attempts and the error.
-    """
-    result = Plan()
-    for n in claimed:
-        outcome = outcomes[n.id]
-        if isinstance(outcome, Sent):
-            result.sent[n.id] = outcome.provider_message_id
-        elif isinstance(outcome, Permanent):
-            result.dead[n.id] = truncate(outcome.error)
-        elif isinstance(outcome, Cancelled):
-            result.cancelled[n.id] = truncate(outcome.reason)
-        else:
-            at = next_attempt_at(
-                policy,
-                attempts=n.attempts,
-                max_attempts=n.max_attempts,
-                now=now,
-                retry_after=outcome.retry_after,
-                rand=rand,
-            )
-            error = truncate(outcome.error)
-            if at is None:
-                result.dead[n.id] = f"gave up after {n.attempts} attempts; last error: {error}"
-            else:
-                result.retries.append(store.RetryAt(n.id, error, at))
-    return result
-
-
-@dataclass(frozen=True, slots=True)
-class BatchReport:
-    claimed: int
-    sent: int
-    retried: int
-    dead: int
-    stale: int
-    """Outcomes that changed nothing: the row's lease had expired and it was taken back."""
-    took: float
-    cancelled: int = 0
-    released: int = 0
-    """Claimed rows handed back unsent (stopping, or sending paused), attempts not used up."""
-    paused: str | None = None
-    """Why this batch could not send, when the send gate was closed."""
-
-
 class SendingPaused(Exception):
-    """Raised by a send gate: nothing may be sent now (e.g. Redis, home of the limits, is down)."""
+    """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
+
+
+class Limiter(Protocol):
+    """Shared rate limits per provider (``notifier.ratelimit.RateLimiter``)."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]: ...
+
+    def block(self, provider: str, seconds: float) -> None: ...
+
+
+class NoLimits:
+    """Every send is granted at once."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]:
+        return count, 0.0
+
+    def block(self, provider: str, seconds: float) -> None:
+        return
 
 
 def _always_open() -> None:
     return
 
 
+@dataclass(slots=True)
+class BatchReport:
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    #: handed back unsent without using up an attempt: stopping, rate-limited, paused
+    released: int = 0
+    #: outcomes that changed nothing: the row was cancelled or rescued meanwhile
+    stale: int = 0
+    took: float = 0.0
+    #: why this batch could not send, when the send gate or the limiter was closed
+    paused: str | None = None
+
+
 class Dispatcher:
     """Claims, sends and records batches for one worker process.
 
-    ``gate`` is called before every claim and again before the batch's sends; it raises
-    ``SendingPaused`` to stop sending (fail closed). Setting ``stopping`` makes the dispatcher
-    claim nothing more, let the sends under way finish, and hand the batch's unstarted rows
-    back at once.
+    ``gate`` is called before every claim; it raises ``SendingPaused`` to stop sending (fail
+    closed), as does the limiter when it cannot be asked. Setting ``stopping`` makes the
+    dispatcher claim nothing more, let the sends under way finish, and hand the batch's
+    unstarted rows back at once.
     """
 
     def __init__(
@@ -149,10 +112,10 @@ class Dispatcher:
         gate: Callable[[], None] = _always_open,
         stopping: threading.Event | None = None,
         guards: guards_module.Registry | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
-        self.guards = guards if guards is not None else guards_module.registry_of([])
         self.settings = settings
         self.policy = RetryPolicy(
             base=settings.retry_base_seconds,
@@ -163,6 +126,8 @@ class Dispatcher:
         self.clock = clock
         self.gate = gate
         self.stopping = stopping or threading.Event()
+        self.guards = guards if guards is not None else guards_module.registry_of([])
+        self.limiter: Limiter = limiter or NoLimits()
         self._pool: ThreadPoolExecutor | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -185,7 +150,6 @@ class Dispatcher:
             reports.append(report)
             if (
                 report.claimed < self.settings.batch_size
-                or report.released
                 or report.paused
                 or time.monotonic() >= deadline
             ):
@@ -200,16 +164,17 @@ class Dispatcher:
         budget from now) are handed back, so a slow provider cannot stretch a task past its
         time limit: a task lasts at most its budget plus one send.
         """
-        if deadline is None:
-            deadline = time.monotonic() + self.settings.dispatch_budget_seconds
         started = time.monotonic()
+        deadline = started + self.settings.dispatch_budget_seconds if deadline is None else deadline
+        report = BatchReport()
         if self.stopping.is_set():
-            return BatchReport(0, 0, 0, 0, 0, 0.0)
+            return report
         try:
             self.gate()
         except SendingPaused as exc:
             log.warning("sending paused, claiming nothing: %s", exc)
-            return BatchReport(0, 0, 0, 0, 0, time.monotonic() - started, paused=str(exc))
+            report.paused = str(exc)
+            return report
         token = uuid4()
         with self.engine.begin() as conn:
             claimed = store.claim_due(
@@ -219,50 +184,22 @@ class Dispatcher:
                 token=token,
                 worker=self.worker,
             )
-        if not claimed:
-            return BatchReport(0, 0, 0, 0, 0, time.monotonic() - started)
-        try:
-            self.gate()
-        except SendingPaused as exc:
-            log.warning("sending paused, handing %d rows back: %s", len(claimed), exc)
-            released = self._release(token, [n.id for n in claimed])
-            return BatchReport(
-                len(claimed), 0, 0, 0, 0, time.monotonic() - started, 0, released, str(exc)
+        report.claimed = len(claimed)
+        if claimed:
+            self._process(token, claimed, deadline, report)
+            report.took = time.monotonic() - started
+            log.info(
+                "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
+                " took=%.3fs",
+                report.claimed,
+                report.sent,
+                report.retried,
+                report.dead,
+                report.cancelled,
+                report.released,
+                report.stale,
+                report.took,
             )
-        # Checked again right before sending: a producer may have cancelled since the claim.
-        held = self._write(lambda conn: store.still_held(conn, token, (n.id for n in claimed)))
-        try:
-            outcomes, released = self._send_all(
-                token, [n for n in claimed if n.id in held], deadline
-            )
-        finally:
-            self.registry.close()
-        decided = plan(
-            [n for n in claimed if n.id in outcomes], outcomes, self.policy, self.clock()
-        )
-        changed = self._record(token, decided)
-        report = BatchReport(
-            claimed=len(claimed),
-            sent=len(decided.sent),
-            retried=len(decided.retries),
-            dead=len(decided.dead),
-            cancelled=len(decided.cancelled),
-            stale=len(claimed) - len(held) + len(outcomes) - changed,
-            took=time.monotonic() - started,
-            released=released,
-        )
-        log.info(
-            "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
-            " took=%.3fs",
-            report.claimed,
-            report.sent,
-            report.retried,
-            report.dead,
-            report.cancelled,
-            report.released,
-            report.stale,
-            report.took,
-        )
         return report
 
     def close(self) -> None:
@@ -272,32 +209,39 @@ class Dispatcher:
         self.registry.close()
         self.guards.close()
 
-    # -- sending --------------------------------------------------------------------------------
+    # -- the stages of a batch ------------------------------------------------------------------
 
-    def _send_all(
-        self, token: UUID, claimed: Sequence[Notification], deadline: float
-    ) -> tuple[dict[int, Result], int]:
-        """Send concurrently; when stopping or past ``deadline``, hand back unstarted rows."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
-            )
-        futures = {self._pool.submit(self._send_one, token, n): n.id for n in claimed}
-        outcomes: dict[int, Result] = {}
-        released = 0
-        waiting: set[Future[Result]] = set(futures)
-        while waiting:
-            done, waiting = wait(waiting, timeout=0.05, return_when=FIRST_COMPLETED)
-            for future in done:
-                outcomes[futures[future]] = future.result()
-            if waiting and (self.stopping.is_set() or time.monotonic() > deadline):
-                unstarted = {f for f in waiting if f.cancel()}
-                if unstarted:
-                    waiting -= unstarted
-                    released += self._release(token, [futures[f] for f in unstarted])
-        return outcomes, released
+    def _process(
+        self, token: UUID, claimed: list[Notification], deadline: float, report: BatchReport
+    ) -> None:
+        # Checked again right before sending: a producer may have cancelled since the claim.
+        held, paused = self._write(lambda c: store.recheck(c, token, (n.id for n in claimed)))
+        report.stale = len(claimed) - len(held)
+        if paused:
+            report.released += self._write(lambda c: store.park_claimed(c, token, paused))
+        rows = [n for n in claimed if n.id in held and n.id not in paused]
+        results: dict[int, Result] = {}
+        ready: list[Notification] = []
+        for n in rows:
+            early = self._check(n)
+            if early is None:
+                ready.append(n)
+            else:
+                results[n.id] = early
+        try:
+            self._send_all(token, ready, deadline, results, report)
+        finally:
+            self.registry.close()
+        decided = plan([n for n in rows if n.id in results], results, self.policy, self.clock())
+        for channel, seconds in decided.throttled.items():
+            self._block(channel, seconds)
+        report.stale += len(results) - self._record(token, decided)
+        report.sent, report.dead = len(decided.sent), len(decided.dead)
+        report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
+        report.released += len(decided.deferred)
 
-    def _send_one(self, token: UUID, n: Notification) -> Result:
+    def _check(self, n: Notification) -> Result | None:
+        """Why the row cannot be sent now, found without any network call; None if it can."""
         provider = self.registry.get(n.channel)
         if provider is None:
             known = ", ".join(sorted(self.registry)) or "none"
@@ -313,12 +257,99 @@ class Dispatcher:
             return Permanent(f"invalid notification: {exc}")
         if n.expires_at is not None and self.clock() >= n.expires_at:
             return Cancelled("expired")
-        if n.guard is not None:
-            verdict = self._ask_guard(token, n)
-            if verdict is not None:
-                return verdict
+        return None
+
+    def _send_all(
+        self,
+        token: UUID,
+        rows: list[Notification],
+        deadline: float,
+        results: dict[int, Result],
+        report: BatchReport,
+    ) -> None:
+        """Send ``rows`` into ``results`` as fast as the rate limits allow, several at a time.
+
+        Rows the limits hold back wait here, paced by the limiter, until the deadline; then,
+        or when stopping, or when the limiter cannot be asked (fail closed), the rows not yet
+        started are handed back without using up their attempt.
+        """
+        queue = rows
+        futures: dict[Future[Result], int] = {}
+        waiting: set[Future[Result]] = set()
+        while queue or waiting:
+            pause = 0.05
+            if queue and not self.stopping.is_set() and time.monotonic() < deadline:
+                try:
+                    granted, queue, pause = self._grant(queue)
+                except SendingPaused as exc:
+                    log.warning("sending paused, handing %d rows back: %s", len(queue), exc)
+                    report.paused = str(exc)
+                    granted = []
+                    report.released += self._release(token, [n.id for n in queue])
+                    queue = []
+                for n in granted:
+                    if n.guard is None and getattr(self.registry[n.channel], "inline", False):
+                        results[n.id] = self._send_one(token, n)  # no I/O: not worth a thread
+                    else:
+                        future = self._executor().submit(self._send_one, token, n)
+                        futures[future] = n.id
+                        waiting.add(future)
+            if self.stopping.is_set() or time.monotonic() >= deadline:
+                unstarted = {f for f in waiting if f.cancel()}
+                waiting -= unstarted
+                late = [futures[f] for f in unstarted] + [n.id for n in queue]
+                queue = []
+                if late:
+                    report.released += self._release(token, late)
+            if waiting:
+                done, waiting = wait(waiting, timeout=pause, return_when=FIRST_COMPLETED)
+                for future in done:
+                    results[futures[future]] = future.result()
+            elif queue:
+                self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def _grant(
+        self, queue: list[Notification]
+    ) -> tuple[list[Notification], list[Notification], float]:
+        """Ask the limiter for every channel in ``queue``: (granted, still waiting, how long)."""
+        self.gate()  # whatever the limits, nothing is sent while the gate is closed
+        by_channel: dict[str, list[Notification]] = defaultdict(list)
+        for n in queue:
+            by_channel[n.channel].append(n)
+        granted: list[Notification] = []
+        rest: list[Notification] = []
+        pause = 0.05
+        for channel, group in by_channel.items():
+            try:
+                count, wait_seconds = self.limiter.acquire(channel, len(group))
+            except Exception as exc:
+                raise SendingPaused(f"rate limiter unavailable ({exc})") from exc
+            granted += group[:count]
+            if count < len(group):
+                rest += group[count:]
+                pause = min(pause, max(wait_seconds, 0.001))
+        return granted, rest, pause
+
+    def _block(self, channel: str, seconds: float) -> None:
         try:
-            return provider.send(n)
+            self.limiter.block(channel, seconds)
+        except Exception:  # the rows are deferred anyway; this only spares the provider
+            log.warning("could not hold %s back for %.0fs in the limiter", channel, seconds)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
+            )
+        return self._pool
+
+    def _send_one(self, token: UUID, n: Notification) -> Result:
+        if n.guard is not None:
+            objection = self._ask_guard(token, n)
+            if objection is not None:
+                return objection
+        try:
+            return self.registry[n.channel].send(n)
         except Exception as exc:  # a provider bug must not lose the batch's other outcomes
             log.exception("provider %s raised on notification %d", n.channel, n.id)
             return Retry(f"{n.channel} provider raised {type(exc).__name__}: {exc}")
@@ -339,26 +370,31 @@ class Dispatcher:
         if isinstance(verdict, Skip):
             return Cancelled(verdict.reason)
         # Asking took time: look once more that nobody cancelled the row meanwhile.
-        if n.id not in self._write(lambda conn: store.still_held(conn, token, [n.id])):
+        held, paused = self._write(lambda c: store.recheck(c, token, [n.id]))
+        if n.id not in held:
             return Cancelled("cancelled while its guard was consulted")
+        if n.id in paused:
+            return Retry("its campaign was paused while its guard was consulted")
         return None
 
     # -- recording ------------------------------------------------------------------------------
 
     def _release(self, token: UUID, ids: list[int]) -> int:
-        return self._write(lambda conn: store.release(conn, token, ids))
+        return self._write(lambda c: store.release(c, token, ids))
 
     def _record(self, token: UUID, decided: Plan) -> int:
         return self._write(
-            lambda conn: (
-                store.mark_sent(conn, token, decided.sent)
-                + store.schedule_retry(conn, token, decided.retries)
-                + store.mark_dead(conn, token, decided.dead)
+            lambda c: (
+                store.mark_sent(c, token, decided.sent)
+                + store.schedule_retry(c, token, decided.retries)
+                + store.defer(c, token, decided.deferred)
+                + store.mark_dead(c, token, decided.dead)
+                + store.mark_cancelled(c, token, decided.cancelled)
             )
         )
 
     def _write(self, statements: Callable[[Connection], T]) -> T:
-        """Run one transaction of writes (or the recheck before sending), retrying until it commits.
+        """Run one short transaction, retrying until it commits if the database goes away.
 
         Gives up only when the lease has run out: by then the rescue owns the rows.
         """
@@ -371,6 +407,6 @@ class Dispatcher:
             except (OperationalError, InterfaceError) as exc:  # connection lost, db restarting
                 if time.monotonic() + delay >= deadline:
                     raise
-                log.warning("recording outcomes failed (%s); retrying in %.1fs", exc, delay)
+                log.warning("database write failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)

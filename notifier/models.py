@@ -17,12 +17,15 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Identity,
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -104,6 +107,7 @@ notifications = Table(
     Column("claimed_by", Text),
     Column("locked_until", DateTime(timezone=True)),
     Column("guard", Text),
+    Column("campaign_id", BigInteger, ForeignKey("campaigns.id")),
     Column("expires_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
@@ -132,9 +136,83 @@ notifications = Table(
         postgresql_where=text("status = 'pending'"),
     ),
     Index(
+        "notifications_campaign_recipient",
+        "campaign_id",
+        "recipient",
+        unique=True,
+        postgresql_where=text("campaign_id IS NOT NULL"),
+    ),
+    Index(
         "notifications_lease",
         "locked_until",
         postgresql_where=text("status = 'processing'"),
     ),
     comment=TABLE_COMMENT,
+)
+
+
+class CampaignStatus(StrEnum):
+    """Where a campaign is. Mirrored by the ``campaigns_status`` CHECK."""
+
+    #: created; audience and codes may be imported
+    draft = "draft"
+    #: its notifications are being written (a launch may be re-run to finish it)
+    launching = "launching"
+    #: its notifications are being sent
+    running = "running"
+    #: its pending notifications wait until it is resumed
+    paused = "paused"
+    #: its unsent notifications were cancelled; final
+    cancelled = "cancelled"
+
+
+campaigns = Table(
+    "campaigns",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("channel", Text, nullable=False),
+    Column("subject", Text),
+    Column("body", Text),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("status", Text, nullable=False, server_default=text("'draft'::text")),
+    Column("priority", Integer, nullable=False, server_default=text("'-10'::integer")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("5")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("launched_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint(
+        "status IN ('draft', 'launching', 'running', 'paused', 'cancelled')",
+        name="campaigns_status",
+    ),
+    CheckConstraint("max_attempts > 0", name="campaigns_max_attempts_positive"),
+)
+
+campaign_recipients = Table(
+    "campaign_recipients",
+    metadata,
+    Column(
+        "campaign_id", BigInteger, ForeignKey("campaigns.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("recipient", Text, nullable=False),
+    Column("fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    PrimaryKeyConstraint("campaign_id", "recipient"),
+)
+
+campaign_codes = Table(
+    "campaign_codes",
+    metadata,
+    Column(
+        "campaign_id", BigInteger, ForeignKey("campaigns.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("code", Text, nullable=False),
+    Column("recipient", Text),
+    PrimaryKeyConstraint("campaign_id", "code"),
+    UniqueConstraint("campaign_id", "recipient", name="campaign_codes_one_per_recipient"),
+    Index(
+        "campaign_codes_free",
+        "campaign_id",
+        "code",
+        postgresql_where=text("recipient IS NULL"),
+    ),
 )

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
 
+    rate_limits: str = ""
+    """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
+    (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""
+
     guard_http_url: str | None = None
     """Where the built-in ``http`` guard asks whether a row may still be sent."""
 
@@ -141,6 +145,14 @@ class Settings(BaseSettings):
         if not url.startswith("postgresql+psycopg://"):
             raise ValueError("must be a postgresql:// or postgresql+psycopg:// URL")
         return url
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _parse_rate_limits(cls, value: str) -> str:
+        from notifier.ratelimit import parse_limits
+
+        parse_limits(value)  # refuse a malformed spec at start-up, not at the first send
+        return value
 
     @field_validator("webhook_allowed_networks", mode="before")
     @classmethod

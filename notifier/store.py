@@ -87,9 +87,32 @@ MARK_CANCELLED = text(
     """
 )
 
-STILL_HELD = text(
+RECHECK = text(
     """
-    SELECT id FROM notifications
+    SELECT n.id, coalesce(c.status = 'paused', false) AS paused
+      FROM notifications n LEFT JOIN campaigns c ON c.id = n.campaign_id
+     WHERE n.id = ANY(CAST(:ids AS bigint[])) AND n.status = 'processing'
+       AND n.claim_token = :token
+    """
+)
+
+DEFER = text(
+    """
+    UPDATE notifications AS n
+       SET status = 'pending', updated_at = now(), locked_until = NULL,
+           attempts = greatest(n.attempts - 1, 0),
+           next_attempt_at = v.next_attempt_at, last_error = v.error
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]),
+                  CAST(:next_attempts AS timestamptz[])) AS v(id, error, next_attempt_at)
+     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    """
+)
+
+PARK_CLAIMED = text(
+    """
+    UPDATE notifications
+       SET status = 'pending', updated_at = now(), locked_until = NULL,
+           attempts = greatest(attempts - 1, 0), next_attempt_at = 'infinity'
      WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'processing' AND claim_token = :token
     """
 )
@@ -279,10 +302,42 @@ def mark_cancelled(conn: Connection, token: UUID, cancelled: Mapping[int, str]) 
     return _rowcount(conn.execute(MARK_CANCELLED, params))
 
 
-def still_held(conn: Connection, token: UUID, ids: Iterable[int]) -> set[int]:
-    """Which of these rows are still ``processing`` under this claim (not cancelled meanwhile)."""
-    rows = conn.execute(STILL_HELD, {"token": token, "ids": list(ids)}).scalars()
-    return {int(i) for i in rows}
+def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
+    """Of these claimed rows: those still held by this claim (not cancelled meanwhile), and
+    among them those whose campaign is paused."""
+    held: set[int] = set()
+    paused: set[int] = set()
+    for row_id, is_paused in conn.execute(RECHECK, {"token": token, "ids": list(ids)}).all():
+        held.add(int(row_id))
+        if is_paused:
+            paused.add(int(row_id))
+    return held, paused
+
+
+def defer(conn: Connection, token: UUID, deferrals: Sequence[RetryAt]) -> int:
+    """``processing`` -> ``pending`` at a later time without using up the attempt: the
+    provider asked us to slow down (a 429), which says nothing about the message."""
+    if not deferrals:
+        return 0
+    return _rowcount(
+        conn.execute(
+            DEFER,
+            {
+                "token": token,
+                "ids": [r.id for r in deferrals],
+                "errors": [r.error for r in deferrals],
+                "next_attempts": [r.at for r in deferrals],
+            },
+        )
+    )
+
+
+def park_claimed(conn: Connection, token: UUID, ids: Iterable[int]) -> int:
+    """Hand back claimed rows of a paused campaign: pending, due only when it is resumed."""
+    id_list = list(ids)
+    if not id_list:
+        return 0
+    return _rowcount(conn.execute(PARK_CLAIMED, {"token": token, "ids": id_list}))
 
 
 def release(

@@ -33,6 +33,7 @@ from celery import Celery, signals
 from notifier import guards, health, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
+from notifier.ratelimit import RateLimiter, parse_limits
 from notifier.settings import get_settings
 from notifier.wakeup import Waker
 
@@ -58,6 +59,7 @@ def _dispatcher() -> Dispatcher:
         gate=_redis_gate,
         stopping=STOPPING,
         guards=guards.load_registry(),
+        limiter=RateLimiter(_redis(), parse_limits(get_settings().rate_limits)),
     )
 
 

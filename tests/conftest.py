@@ -22,11 +22,14 @@ from tests.smtp_sink import SmtpSink
 
 POSTGRES = os.environ.get("NOTIFIER_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("NOTIFIER_TEST_REDIS", "redis://127.0.0.1:6379/9")
-TEMPLATE = "notifier_test_template"
+# One template per test run, so runs side by side (or a CI run beside a developer's) never drop
+# each other's.
+TEMPLATE = f"notifier_test_template_{os.getpid()}"
 
 
 def _admin() -> Engine:
-    return create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
+    # pre-ping: a test may restart PostgreSQL between creating its database and dropping it
+    return create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT", pool_pre_ping=True)
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +39,8 @@ def template_database() -> Iterator[str]:
         conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"))
     migrate(f"{POSTGRES}/{TEMPLATE}")
     yield TEMPLATE
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"))
     admin.dispose()
 
 

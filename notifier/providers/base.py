@@ -27,6 +27,9 @@ class Sent:
 class Retry:
     error: str
     retry_after: float | None = None
+    #: the provider asked us to slow down (HTTP 429): no attempt is used up, and every worker
+    #: holds back from this provider for ``retry_after`` seconds
+    throttled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

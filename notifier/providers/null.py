@@ -10,6 +10,8 @@ from notifier.providers.base import Outcome, Sent
 
 class NullProvider:
     channel: ClassVar[str] = "null"
+    #: does no I/O: the dispatcher calls it inline rather than through its thread pool
+    inline: ClassVar[bool] = True
 
     def validate(self, notification: Notification) -> None:
         return None

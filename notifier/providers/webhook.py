@@ -162,7 +162,8 @@ class WebhookProvider:
                     )
                 error = f"HTTP {status} from {host}: {truncate(_read_some(response), 300)}"
                 if status in (408, 429) or status >= 500:
-                    return Retry(error, parse_retry_after(response.headers.get("retry-after")))
+                    retry_after = parse_retry_after(response.headers.get("retry-after"))
+                    return Retry(error, retry_after, throttled=status == 429)
                 return Permanent(error)
         except BlockedAddress as exc:  # raised by the connection, before anything was sent
             return Permanent(str(exc))

@@ -1,0 +1,365 @@
+"""All SQL of campaigns: audience and code imports, the set-based fan-out, pause and resume.
+
+Like ``notifier.store``, the only other module that talks to the driver. Every step is
+idempotent, so a launch that died half-way is finished by running it again:
+
+* a recipient is staged once (primary key ``(campaign_id, recipient)``);
+* a code goes to at most one recipient and a recipient gets at most one code (constraints on
+  ``campaign_codes``);
+* a recipient gets at most one notification (unique index on ``(campaign_id, recipient)``).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+import psycopg
+from sqlalchemy import Connection, text
+
+CREATE = text(
+    """
+    INSERT INTO campaigns (name, channel, subject, body, payload, priority, max_attempts)
+    VALUES (:name, :channel, :subject, :body, CAST(:payload AS jsonb), :priority, :max_attempts)
+    RETURNING id
+    """
+)
+
+BY_NAME = text(
+    "SELECT id, name, channel, subject, body, payload, status, priority, max_attempts"
+    " FROM campaigns WHERE name = :name"
+)
+
+SET_STATUS = text(
+    """
+    UPDATE campaigns SET status = :status, updated_at = now(),
+           launched_at = CASE WHEN :status = 'launching' THEN coalesce(launched_at, now())
+                              ELSE launched_at END
+     WHERE id = :id AND status = ANY(CAST(:allowed AS text[]))
+    RETURNING id
+    """
+)
+
+AUDIENCE_FROM_STAGE = """
+    INSERT INTO campaign_recipients (campaign_id, recipient, fields)
+    SELECT %(campaign_id)s, trim(c0), {fields} FROM stage WHERE coalesce(trim(c0), '') <> ''
+    ON CONFLICT (campaign_id, recipient) DO NOTHING
+"""
+
+CODES_FROM_STAGE = """
+    INSERT INTO campaign_codes (campaign_id, code)
+    SELECT %(campaign_id)s, trim(code) FROM stage WHERE coalesce(trim(code), '') <> ''
+    ON CONFLICT (campaign_id, code) DO NOTHING
+"""
+
+GENERATE_CODES = text(
+    """
+    INSERT INTO campaign_codes (campaign_id, code)
+    SELECT :campaign_id, upper(substr(replace(gen_random_uuid()::text, '-', ''), 1, :length))
+      FROM generate_series(1, :count)
+    ON CONFLICT (campaign_id, code) DO NOTHING
+    """
+)
+
+COUNTS = text(
+    """
+    SELECT (SELECT count(*) FROM campaign_recipients WHERE campaign_id = :id),
+           (SELECT count(*) FROM campaign_codes WHERE campaign_id = :id),
+           (SELECT count(*) FROM campaign_codes WHERE campaign_id = :id AND recipient IS NOT NULL),
+           (SELECT count(*) FROM notifications WHERE campaign_id = :id)
+    """
+)
+
+BY_STATUS = text(
+    """
+    SELECT status, (status = 'pending' AND attempts > 0) AS retrying, count(*)
+      FROM notifications WHERE campaign_id = :id GROUP BY 1, 2
+    """
+)
+
+MISSING_FIELD = text(
+    """
+    SELECT recipient FROM campaign_recipients
+     WHERE campaign_id = :id AND NOT (fields ?& CAST(:names AS text[]))
+     LIMIT 1
+    """
+)
+
+# Pairs recipients still without a code with free codes, a chunk at a time, in one statement.
+ASSIGN_CODES = text(
+    """
+    WITH r AS (SELECT recipient, row_number() OVER (ORDER BY recipient) AS n
+                 FROM campaign_recipients cr
+                WHERE campaign_id = :id
+                  AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
+                                   WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
+                ORDER BY recipient LIMIT :chunk),
+         k AS (SELECT code, row_number() OVER (ORDER BY code) AS n
+                 FROM campaign_codes
+                WHERE campaign_id = :id AND recipient IS NULL
+                ORDER BY code LIMIT :chunk
+                  FOR UPDATE SKIP LOCKED)
+    UPDATE campaign_codes AS c SET recipient = r.recipient
+      FROM r JOIN k USING (n)
+     WHERE c.campaign_id = :id AND c.code = k.code
+    """
+)
+
+WITHOUT_CODE = text(
+    """
+    SELECT count(*) FROM campaign_recipients cr
+     WHERE campaign_id = :id
+       AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
+                        WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
+    """
+)
+
+FREE_CODES = text(
+    "SELECT count(*) FROM campaign_codes WHERE campaign_id = :id AND recipient IS NULL"
+)
+
+# {subject} and {body} are SQL expressions built by ``notifier.campaigns.render_sql`` from the
+# campaign's templates; only bound parameters and fixed column names go into them.
+FAN_OUT = """
+    INSERT INTO notifications
+           (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id)
+    SELECT :channel, r.recipient, {subject}, {body},
+           CAST(:payload AS jsonb) || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
+                                            ELSE jsonb_build_object('code', k.code) END,
+           :priority, :max_attempts, :id
+      FROM campaign_recipients r
+      LEFT JOIN campaign_codes k ON k.campaign_id = r.campaign_id AND k.recipient = r.recipient
+     WHERE r.campaign_id = :id AND r.recipient > :after AND r.recipient <= :upto
+    ON CONFLICT (campaign_id, recipient) WHERE campaign_id IS NOT NULL DO NOTHING
+"""
+
+CHUNK_END = text(
+    """
+    SELECT max(recipient) FROM (SELECT recipient FROM campaign_recipients
+                                 WHERE campaign_id = :id AND recipient > :after
+                                 ORDER BY recipient LIMIT :chunk) AS chunk
+    """
+)
+
+PARK = text(
+    """
+    UPDATE notifications SET next_attempt_at = 'infinity', updated_at = now()
+     WHERE campaign_id = :id AND status = 'pending'
+    """
+)
+
+UNPARK = text(
+    """
+    UPDATE notifications SET next_attempt_at = now(), updated_at = now()
+     WHERE campaign_id = :id AND status = 'pending' AND next_attempt_at = 'infinity'
+    """
+)
+
+CANCEL_UNSENT = text(
+    """
+    UPDATE notifications
+       SET status = 'cancelled', last_error = 'campaign cancelled', updated_at = now(),
+           locked_until = NULL
+     WHERE campaign_id = :id AND status IN ('pending', 'processing')
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignRow:
+    id: int
+    name: str
+    channel: str
+    subject: str | None
+    body: str | None
+    payload: dict[str, Any]
+    status: str
+    priority: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    recipients: int
+    codes: int
+    codes_given: int
+    notifications: int
+    by_status: dict[str, int]
+    retrying: int
+
+
+def create(conn: Connection, values: Mapping[str, Any]) -> int:
+    return int(conn.execute(CREATE, dict(values)).scalar_one())
+
+
+def by_name(conn: Connection, name: str) -> CampaignRow | None:
+    row = conn.execute(BY_NAME, {"name": name}).first()
+    return None if row is None else CampaignRow(*row)
+
+
+def set_status(conn: Connection, campaign_id: int, status: str, allowed: Sequence[str]) -> bool:
+    """Move to ``status`` if the campaign is in one of ``allowed``; whether it moved."""
+    params = {"id": campaign_id, "status": status, "allowed": list(allowed)}
+    return conn.execute(SET_STATUS, params).first() is not None
+
+
+def import_audience(
+    conn: Connection, campaign_id: int, rows: IO[str], recipient_column: str
+) -> tuple[list[str], int]:
+    """COPY a CSV audience in; its other columns become each recipient's fields.
+
+    Returns the field names and how many new recipients were staged.
+    """
+    reader = csv.reader(rows)
+    header = next(reader, None)
+    if not header:
+        raise ValueError("the audience CSV is empty; it needs a header row")
+    header = [h.strip() for h in header]
+    if recipient_column not in header:
+        raise ValueError(
+            f"the audience CSV has no {recipient_column!r} column (it has: {', '.join(header)})"
+        )
+    if len(set(header)) != len(header):
+        raise ValueError("the audience CSV repeats a column name")
+    order = [header.index(recipient_column)] + [
+        i for i, h in enumerate(header) if h != recipient_column
+    ]
+    fields = [header[i] for i in order[1:]]
+    raw = _driver(conn)
+    with raw.cursor() as cur:
+        columns = ", ".join(f"c{i} text" for i in range(len(order)))
+        cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
+        with cur.copy(
+            f"COPY stage ({', '.join(f'c{i}' for i in range(len(order)))}) FROM STDIN"
+        ) as copy:
+            for record in reader:
+                if len(record) != len(header):
+                    raise ValueError(
+                        f"audience CSV line {reader.line_num} has {len(record)} values;"
+                        f" the header has {len(header)}"
+                    )
+                copy.write_row([record[i] for i in order])
+        pairs = ", ".join(f"%(f{i})s::text, c{i + 1}" for i in range(len(fields)))
+        expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
+        params: dict[str, Any] = {"campaign_id": campaign_id}
+        params.update({f"f{i}": name for i, name in enumerate(fields)})
+        cur.execute(AUDIENCE_FROM_STAGE.format(fields=expression).encode(), params)
+        added = cur.rowcount
+        cur.execute("DROP TABLE stage")
+    return fields, added
+
+
+def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
+    """Stage the rows of an operator's query; it must return a ``recipient`` column."""
+    sql = (
+        "INSERT INTO campaign_recipients (campaign_id, recipient, fields)"
+        " SELECT :id, q.recipient::text, to_jsonb(q) - 'recipient'"
+        f" FROM ({query}) AS q WHERE q.recipient IS NOT NULL"
+        " ON CONFLICT (campaign_id, recipient) DO NOTHING"
+    )
+    return int(conn.execute(text(sql), {"id": campaign_id}).rowcount)
+
+
+def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
+    """COPY codes in, one per item; codes already in the pool are skipped."""
+    raw = _driver(conn)
+    with raw.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE stage (code text)")
+        with cur.copy("COPY stage (code) FROM STDIN") as copy:
+            for code in codes:
+                copy.write_row([code])
+        cur.execute(CODES_FROM_STAGE.encode(), {"campaign_id": campaign_id})
+        added = cur.rowcount
+        cur.execute("DROP TABLE stage")
+    return added
+
+
+def generate_codes(conn: Connection, campaign_id: int, count: int, length: int) -> int:
+    return int(
+        conn.execute(
+            GENERATE_CODES, {"campaign_id": campaign_id, "count": count, "length": length}
+        ).rowcount
+    )
+
+
+def counts(conn: Connection, campaign_id: int) -> Counts:
+    recipients, codes, given, notifications = conn.execute(COUNTS, {"id": campaign_id}).one()
+    by_status: dict[str, int] = {}
+    retrying = 0
+    for status, is_retry, n in conn.execute(BY_STATUS, {"id": campaign_id}).all():
+        by_status[status] = by_status.get(status, 0) + int(n)
+        retrying += int(n) if is_retry else 0
+    return Counts(int(recipients), int(codes), int(given), int(notifications), by_status, retrying)
+
+
+def recipient_missing(conn: Connection, campaign_id: int, names: Sequence[str]) -> str | None:
+    """A recipient whose fields lack one of ``names``, if any."""
+    row = conn.execute(MISSING_FIELD, {"id": campaign_id, "names": list(names)}).first()
+    return None if row is None else str(row[0])
+
+
+def without_code(conn: Connection, campaign_id: int) -> int:
+    return int(conn.execute(WITHOUT_CODE, {"id": campaign_id}).scalar_one())
+
+
+def free_codes(conn: Connection, campaign_id: int) -> int:
+    return int(conn.execute(FREE_CODES, {"id": campaign_id}).scalar_one())
+
+
+def assign_codes(conn: Connection, campaign_id: int, chunk: int) -> int:
+    return int(conn.execute(ASSIGN_CODES, {"id": campaign_id, "chunk": chunk}).rowcount)
+
+
+def chunk_end(conn: Connection, campaign_id: int, after: str, chunk: int) -> str | None:
+    """The last recipient of the next ``chunk`` after ``after`` in keyset order; None at the end."""
+    value = conn.execute(CHUNK_END, {"id": campaign_id, "after": after, "chunk": chunk}).scalar()
+    return cast("str | None", value)
+
+
+def fan_out(
+    conn: Connection,
+    campaign: CampaignRow,
+    rendered: tuple[str, str, Mapping[str, Any]],
+    payload_json: str,
+    after: str,
+    upto: str,
+) -> int:
+    """Write the notifications of the recipients in ``(after, upto]``; how many were new.
+
+    ``rendered`` is (subject SQL, body SQL, their parameters) from ``campaigns.render_sql``.
+    """
+    subject_sql, body_sql, params = rendered
+    statement = text(FAN_OUT.format(subject=subject_sql, body=body_sql))
+    values = {
+        **params,
+        "channel": campaign.channel,
+        "payload": payload_json,
+        "priority": campaign.priority,
+        "max_attempts": campaign.max_attempts,
+        "id": campaign.id,
+        "after": after,
+        "upto": upto,
+    }
+    return int(conn.execute(statement, values).rowcount)
+
+
+def park(conn: Connection, campaign_id: int) -> int:
+    """Hold a paused campaign's pending rows back (due at infinity)."""
+    return int(conn.execute(PARK, {"id": campaign_id}).rowcount)
+
+
+def unpark(conn: Connection, campaign_id: int) -> int:
+    return int(conn.execute(UNPARK, {"id": campaign_id}).rowcount)
+
+
+def cancel_unsent(conn: Connection, campaign_id: int) -> int:
+    return int(conn.execute(CANCEL_UNSENT, {"id": campaign_id}).rowcount)
+
+
+def _driver(conn: Connection) -> psycopg.Connection[Any]:
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError("campaign imports need the psycopg 3 driver")
+    return raw

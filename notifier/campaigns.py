@@ -1,0 +1,267 @@
+"""Campaigns: one message to a large audience, each recipient with a code of their own.
+
+A campaign is created as a draft; its audience (a CSV file, or an operator's SQL query) and
+its code pool (a file, or generated) are imported; ``launch`` then writes one notification per
+recipient in set-based chunks. Every step can be repeated: re-running a launch after a crash
+finishes it without a second row or a second code for anyone (see ``campaign_store``).
+
+Messages are filled from templates with ``{placeholders}``: ``{recipient}``, ``{code}`` and any
+audience field (a CSV column, a query column). Rendering happens inside the fan-out statement,
+from bound parameters only; a field missing for any recipient stops the launch before anything is
+written, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from sqlalchemy import Engine
+
+from notifier import campaign_store
+from notifier.campaign_store import CampaignRow, Counts
+from notifier.models import CampaignStatus
+
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BUILT_IN = {"recipient": "r.recipient", "code": "k.code"}
+
+#: Recipients written per fan-out statement (and per transaction).
+CHUNK = 50_000
+
+
+class CampaignError(ValueError):
+    """An operator's request that cannot be carried out; the message says why and what to do."""
+
+
+def placeholders(template: str | None) -> list[str]:
+    """The placeholder names of a template, in order; refuses anything but ``{name}``."""
+    if template is None:
+        return []
+    names = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise CampaignError(
+            f"template {template[:60]!r}: {exc} (write a literal brace as {{{{)"
+        ) from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if spec or conversion or not _FIELD.fullmatch(name):
+            raise CampaignError(
+                f"template placeholder {{{name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not a plain {{name}}"
+            )
+        names.append(name)
+    return names
+
+
+def render_sql(subject: str | None, body: str | None) -> tuple[str, str, dict[str, str]]:
+    """SQL expressions that fill both templates for each fan-out row, and their parameters."""
+    params: dict[str, str] = {}
+
+    def expression(template: str | None, prefix: str) -> str:
+        if template is None:
+            return "NULL"
+        parts: list[str] = []
+        for i, (literal, name, _, _) in enumerate(string.Formatter().parse(template)):
+            if literal:
+                params[f"{prefix}l{i}"] = literal
+                parts.append(f"CAST(:{prefix}l{i} AS text)")
+            if name is not None:
+                if name in _BUILT_IN:
+                    parts.append(_BUILT_IN[name])
+                else:
+                    params[f"{prefix}f{i}"] = name
+                    parts.append(f"(r.fields ->> CAST(:{prefix}f{i} AS text))")
+        return f"concat({', '.join(parts)})" if parts else "''"
+
+    placeholders(subject)
+    placeholders(body)
+    return expression(subject, "s"), expression(body, "b"), params
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    campaign: CampaignRow
+    counts: Counts
+
+    @property
+    def sent(self) -> int:
+        return self.counts.by_status.get("sent", 0)
+
+    @property
+    def dead(self) -> int:
+        return self.counts.by_status.get("dead", 0)
+
+    @property
+    def unfinished(self) -> int:
+        return sum(self.counts.by_status.get(s, 0) for s in ("pending", "processing"))
+
+
+class Campaigns:
+    """The operations on campaigns, each in its own transactions."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create(
+        self,
+        name: str,
+        channel: str,
+        *,
+        subject: str | None = None,
+        body: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        priority: int = -10,
+        max_attempts: int = 5,
+    ) -> int:
+        render_sql(subject, body)  # refuse a bad template now, not at launch
+        if max_attempts < 1:
+            raise CampaignError("max_attempts must be at least 1")
+        with self.engine.begin() as conn:
+            if campaign_store.by_name(conn, name) is not None:
+                raise CampaignError(f"a campaign named {name!r} exists already")
+            return campaign_store.create(
+                conn,
+                {
+                    "name": name,
+                    "channel": channel,
+                    "subject": subject,
+                    "body": body,
+                    "payload": json.dumps(dict(payload or {})),
+                    "priority": priority,
+                    "max_attempts": max_attempts,
+                },
+            )
+
+    def import_audience(self, name: str, rows: IO[str], recipient_column: str = "recipient") -> int:
+        with self.engine.begin() as conn:
+            campaign = self._get(conn, name)
+            _, added = campaign_store.import_audience(conn, campaign.id, rows, recipient_column)
+            return added
+
+    def audience_from_query(self, name: str, query: str) -> int:
+        with self.engine.begin() as conn:
+            return campaign_store.audience_from_query(conn, self._get(conn, name).id, query)
+
+    def import_codes(self, name: str, codes: Iterable[str]) -> int:
+        with self.engine.begin() as conn:
+            return campaign_store.import_codes(conn, self._get(conn, name).id, codes)
+
+    def generate_codes(self, name: str, count: int, length: int = 12) -> int:
+        """Add ``count`` random codes (of ``length`` hex characters) to the pool."""
+        if not 8 <= length <= 32:
+            raise CampaignError("generated codes are 8 to 32 characters long")
+        added = 0
+        for _ in range(10):  # a collision skips a code; top the pool up until it is full
+            with self.engine.begin() as conn:
+                campaign_id = self._get(conn, name).id
+                added += campaign_store.generate_codes(conn, campaign_id, count - added, length)
+            if added >= count:
+                return added
+        raise CampaignError(f"could only generate {added} of {count} distinct codes; use longer")
+
+    def launch(
+        self, name: str, progress: Callable[[int], None] = lambda n: None, chunk: int = CHUNK
+    ) -> int:
+        """Write the campaign's notifications; run it again to finish an interrupted launch.
+
+        Returns the number of notifications written by this run. ``progress`` is called with
+        each chunk's count.
+        """
+        with self.engine.begin() as conn:
+            campaign = self._get(conn, name)
+            started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
+            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.launching, started):
+                raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
+            self._check_ready(conn, campaign)
+        self._assign_codes(campaign, chunk)
+        rendered = render_sql(campaign.subject, campaign.body)
+        payload = json.dumps({**campaign.payload, "campaign": campaign.name})
+        written, after = 0, ""
+        while True:
+            with self.engine.begin() as conn:
+                upto = campaign_store.chunk_end(conn, campaign.id, after, chunk)
+                if upto is None:
+                    break
+                n = campaign_store.fan_out(conn, campaign, rendered, payload, after, upto)
+            written += n
+            progress(n)
+            after = upto
+        with self.engine.begin() as conn:
+            campaign_store.set_status(
+                conn, campaign.id, CampaignStatus.running, [CampaignStatus.launching]
+            )
+        return written
+
+    def status(self, name: str) -> Status:
+        with self.engine.connect() as conn:
+            campaign = self._get(conn, name)
+            return Status(campaign, campaign_store.counts(conn, campaign.id))
+
+    def pause(self, name: str) -> int:
+        """Stop sending now; returns the rows held back. Sends already under way finish."""
+        with self.engine.begin() as conn:
+            campaign = self._get(conn, name)
+            movable = (CampaignStatus.launching, CampaignStatus.running)
+            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.paused, movable):
+                raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
+        with self.engine.begin() as conn:
+            return campaign_store.park(conn, campaign.id)
+
+    def resume(self, name: str) -> int:
+        with self.engine.begin() as conn:
+            campaign = self._get(conn, name)
+            paused = [CampaignStatus.paused]
+            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.running, paused):
+                raise CampaignError(f"campaign {name!r} is {campaign.status}, not paused")
+            return campaign_store.unpark(conn, campaign.id)
+
+    def cancel(self, name: str) -> int:
+        """Cancel every unsent notification of the campaign; returns how many."""
+        with self.engine.begin() as conn:
+            campaign = self._get(conn, name)
+            live = [s for s in CampaignStatus if s is not CampaignStatus.cancelled]
+            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
+                raise CampaignError(f"campaign {name!r} is cancelled already")
+            return campaign_store.cancel_unsent(conn, campaign.id)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _get(conn: Any, name: str) -> CampaignRow:
+        campaign = campaign_store.by_name(conn, name)
+        if campaign is None:
+            raise CampaignError(f"no campaign named {name!r}; create it first")
+        return campaign
+
+    @staticmethod
+    def _check_ready(conn: Any, campaign: CampaignRow) -> None:
+        names = set(placeholders(campaign.subject) + placeholders(campaign.body))
+        fields = sorted(names - set(_BUILT_IN))
+        if fields:
+            missing = campaign_store.recipient_missing(conn, campaign.id, fields)
+            if missing is not None:
+                raise CampaignError(
+                    f"recipient {missing!r} has no value for one of the template's fields"
+                    f" ({', '.join(fields)}); fix the audience and launch again"
+                )
+        if "code" in names or campaign_store.free_codes(conn, campaign.id):
+            need = campaign_store.without_code(conn, campaign.id)
+            free = campaign_store.free_codes(conn, campaign.id)
+            if need > free:
+                raise CampaignError(
+                    f"{need} recipients still need a code but only {free} codes are free;"
+                    f" import or generate at least {need - free} more"
+                )
+
+    def _assign_codes(self, campaign: CampaignRow, chunk: int) -> None:
+        while True:
+            with self.engine.begin() as conn:
+                if campaign_store.assign_codes(conn, campaign.id, chunk) == 0:
+                    return

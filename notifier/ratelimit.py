@@ -1,0 +1,156 @@
+"""Per-provider rate limits, shared by every worker process on every machine, kept in Redis.
+
+A provider may have several windows (``100/s`` and ``20000/h``); each is a token bucket that
+refills at ``limit / period`` and holds at most its burst. A batch asks for all its rows of a
+provider at once and is granted what every window can give right now, atomically, in one Lua
+script that reads the time from the Redis server (workers' clocks do not matter). Rows beyond the
+grant go back to ``pending`` for the time the script says, without using up an attempt.
+
+Key layout: ``notifier:rate:{provider}:{window}`` - a hash with ``tokens`` (float, may go
+negative after a provider's 429) and ``ts`` (the server time of the last update, ms), expiring
+once the bucket would be full again. ``window`` is the window's spelling, e.g. ``100/s``.
+
+If Redis cannot be reached the limiter raises, and the dispatcher sends nothing (fail closed).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*(?::\s*(\d+))?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """At most ``limit`` sends per ``period`` seconds, in bursts of at most ``burst``."""
+
+    limit: int
+    period: float
+    burst: int
+    spelling: str
+
+    @property
+    def rate_per_ms(self) -> float:
+        return self.limit / (self.period * 1000.0)
+
+
+def parse_window(text: str) -> Window:
+    """``100/s``, ``20000/h``, ``500/10s`` (per ten seconds), ``100/s:20`` (burst of 20).
+
+    The burst defaults to a tenth of a second's worth for windows of a second or less (so a
+    per-second limit is never exceeded by more than a tenth) and to the whole limit otherwise.
+    """
+    match = _WINDOW.match(text)
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a rate window: write N/unit with unit s, m, h or d, e.g. 100/s,"
+            " 20000/h, 500/10s, or 100/s:20 for a burst of 20"
+        )
+    limit, count, unit, burst = match.groups()
+    period = (float(count) if count else 1.0) * _UNITS[unit]
+    if int(limit) < 1 or period <= 0:
+        raise ValueError(f"{text!r}: the limit and the period must be positive")
+    default_burst = max(1, math.ceil(int(limit) / (10 * period))) if period <= 1 else int(limit)
+    return Window(int(limit), period, int(burst) if burst else default_burst, text.strip())
+
+
+def parse_limits(text: str) -> dict[str, list[Window]]:
+    """``email=100/s,20000/h;webhook=500/s`` -> windows by provider."""
+    limits: dict[str, list[Window]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        provider, sep, windows = part.partition("=")
+        if not sep or not provider.strip() or not windows.strip():
+            raise ValueError(f"{part!r} is not provider=windows, e.g. email=100/s,20000/h")
+        limits[provider.strip()] = [parse_window(w) for w in windows.split(",")]
+    return limits
+
+
+# KEYS: one bucket per window of the provider.
+# ARGV: requested count, then per window its refill rate (tokens per ms) and its capacity.
+# Returns {granted, wait_ms as a string}: wait_ms is how long until every window can give at
+# least one more token (0 when all was granted).
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local want = tonumber(ARGV[1])
+local grant = want
+local avail = {}
+for i, key in ipairs(KEYS) do
+  local rate, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(state[1]) or cap
+  local ts = tonumber(state[2]) or now
+  tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+  avail[i] = tokens
+  grant = math.min(grant, math.max(0, math.floor(tokens)))
+end
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local rate, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local left = avail[i] - grant
+  redis.call('HSET', key, 'tokens', left, 'ts', now)
+  redis.call('PEXPIRE', key, math.ceil((cap - left) / rate) + 1000)
+  if grant < want and left < 1 then
+    wait = math.max(wait, (1 - left) / rate)
+  end
+end
+return {grant, tostring(wait)}
+"""
+
+# KEYS: the provider's buckets. ARGV: seconds to block, then per window rate and capacity.
+# Empties every bucket and takes the tokens the blocked time would refill, so no worker sends
+# to the provider until it has passed (a provider's 429 with Retry-After).
+BLOCK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local ms = tonumber(ARGV[1]) * 1000
+for i, key in ipairs(KEYS) do
+  local rate, cap = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  redis.call('HSET', key, 'tokens', -ms * rate, 'ts', now)
+  redis.call('PEXPIRE', key, math.ceil((cap + ms * rate) / rate) + 1000)
+end
+return 1
+"""
+
+
+class RateLimiter:
+    """Token buckets per provider in Redis; see the module docstring for the key layout."""
+
+    def __init__(self, client: redis.Redis, limits: Mapping[str, Sequence[Window]]) -> None:
+        self._limits = {p: list(w) for p, w in limits.items() if w}
+        self._acquire = client.register_script(ACQUIRE)
+        self._block = client.register_script(BLOCK)
+
+    def limited(self, provider: str) -> bool:
+        return provider in self._limits
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]:
+        """Take up to ``count`` sends for ``provider``: (granted, seconds until more)."""
+        windows = self._limits.get(provider)
+        if not windows or count <= 0:
+            return count, 0.0
+        granted, wait_ms = self._acquire(keys=self._keys(provider), args=self._args(count, windows))
+        return int(granted), float(wait_ms) / 1000.0
+
+    def block(self, provider: str, seconds: float) -> None:
+        """Let no worker send to ``provider`` for ``seconds`` (it asked us to back off)."""
+        windows = self._limits.get(provider)
+        if windows and seconds > 0:
+            self._block(keys=self._keys(provider), args=self._args(seconds, windows))
+
+    def _keys(self, provider: str) -> list[str]:
+        return [f"notifier:rate:{provider}:{w.spelling}" for w in self._limits[provider]]
+
+    @staticmethod
+    def _args(first: float, windows: Sequence[Window]) -> list[Any]:
+        args: list[Any] = [first]
+        for w in windows:
+            args += [repr(w.rate_per_ms), w.burst]
+        return args
