@@ -97,14 +97,17 @@ ASSIGN_CODES = text(
                                    WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
                 ORDER BY recipient LIMIT :chunk),
          k AS (SELECT code, row_number() OVER (ORDER BY code) AS n
-                 FROM campaign_codes
-                WHERE campaign_id = :id AND recipient IS NULL
-                ORDER BY code LIMIT :chunk
-                  FOR UPDATE SKIP LOCKED)
+                 FROM (SELECT code FROM campaign_codes
+                        WHERE campaign_id = :id AND recipient IS NULL
+                        ORDER BY code LIMIT :chunk) AS free)
     UPDATE campaign_codes AS c SET recipient = r.recipient
       FROM r JOIN k USING (n)
      WHERE c.campaign_id = :id AND c.code = k.code
     """
+)
+
+LOCK_CAMPAIGN = text(
+    "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
 )
 
 WITHOUT_CODE = text(
@@ -308,7 +311,19 @@ def free_codes(conn: Connection, campaign_id: int) -> int:
     return int(conn.execute(FREE_CODES, {"id": campaign_id}).scalar_one())
 
 
+def analyze(conn: Connection) -> None:
+    """Refresh the planner's statistics after a bulk import: without them it picks nested
+    loops over a million staged rows."""
+    conn.execute(text("ANALYZE campaign_recipients, campaign_codes"))
+
+
 def assign_codes(conn: Connection, campaign_id: int, chunk: int) -> int:
+    """Give up to ``chunk`` recipients without a code one free code each; how many got one.
+
+    Two launches of one campaign at once take turns (an advisory lock), so they never pick the
+    same recipients.
+    """
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     return int(conn.execute(ASSIGN_CODES, {"id": campaign_id, "chunk": chunk}).rowcount)
 
 

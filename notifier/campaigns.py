@@ -180,6 +180,8 @@ class Campaigns:
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.launching, started):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
             self._check_ready(conn, campaign)
+        with self.engine.begin() as conn:
+            campaign_store.analyze(conn)
         self._assign_codes(campaign, chunk)
         rendered = render_sql(campaign.subject, campaign.body)
         payload = json.dumps({**campaign.payload, "campaign": campaign.name})

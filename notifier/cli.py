@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import client, health, store
+from notifier import campaign_cli, client, health, store
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_health)
 
+    campaign_cli.add_parser(sub)
+
     p = sub.add_parser("stats", help="rows by status and channel, and the queue's lag")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_stats)
@@ -223,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"notifier: {exc}", file=sys.stderr)
         return 2
 
