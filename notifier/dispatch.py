@@ -40,7 +40,7 @@ from notifier import guards as guards_module
 from notifier import store
 from notifier.guards import GuardError, Skip
 from notifier.models import Notification
-from notifier.outcomes import Cancelled, Plan, Result, plan
+from notifier.outcomes import Cancelled, Plan, Result, attempts_of, plan
 from notifier.providers import InvalidNotification, Permanent, Registry, Retry
 from notifier.retry import RetryPolicy
 from notifier.settings import Settings
@@ -113,6 +113,7 @@ class Dispatcher:
         stopping: threading.Event | None = None,
         guards: guards_module.Registry | None = None,
         limiter: Limiter | None = None,
+        observe: Callable[[list[store.Attempt]], None] = lambda attempts: None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -128,7 +129,9 @@ class Dispatcher:
         self.stopping = stopping or threading.Event()
         self.guards = guards if guards is not None else guards_module.registry_of([])
         self.limiter: Limiter = limiter or NoLimits()
+        self.observe = observe
         self._pool: ThreadPoolExecutor | None = None
+        self._durations: dict[int, float] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -232,10 +235,14 @@ class Dispatcher:
             self._send_all(token, ready, deadline, results, report)
         finally:
             self.registry.close()
-        decided = plan([n for n in rows if n.id in results], results, self.policy, self.clock())
+        attempted = [n for n in rows if n.id in results]
+        decided = plan(attempted, results, self.policy, self.clock())
         for channel, seconds in decided.throttled.items():
             self._block(channel, seconds)
-        report.stale += len(results) - self._record(token, decided)
+        history = attempts_of(attempted, decided, self._durations)
+        self._durations.clear()
+        report.stale += len(results) - self._record(token, decided, history)
+        self.observe(history)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
         report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
         report.released += len(decided.deferred)
@@ -289,9 +296,9 @@ class Dispatcher:
                     queue = []
                 for n in granted:
                     if n.guard is None and getattr(self.registry[n.channel], "inline", False):
-                        results[n.id] = self._send_one(token, n)  # no I/O: not worth a thread
+                        results[n.id] = self._timed_send(token, n)  # no I/O: not worth a thread
                     else:
-                        future = self._executor().submit(self._send_one, token, n)
+                        future = self._executor().submit(self._timed_send, token, n)
                         futures[future] = n.id
                         waiting.add(future)
             if self.stopping.is_set() or time.monotonic() >= deadline:
@@ -343,6 +350,13 @@ class Dispatcher:
             )
         return self._pool
 
+    def _timed_send(self, token: UUID, n: Notification) -> Result:
+        started = time.perf_counter()
+        try:
+            return self._send_one(token, n)
+        finally:
+            self._durations[n.id] = time.perf_counter() - started
+
     def _send_one(self, token: UUID, n: Notification) -> Result:
         if n.guard is not None:
             objection = self._ask_guard(token, n)
@@ -382,16 +396,20 @@ class Dispatcher:
     def _release(self, token: UUID, ids: list[int]) -> int:
         return self._write(lambda c: store.release(c, token, ids))
 
-    def _record(self, token: UUID, decided: Plan) -> int:
-        return self._write(
-            lambda c: (
+    def _record(self, token: UUID, decided: Plan, history: list[store.Attempt]) -> int:
+        def statements(c: Connection) -> int:
+            changed = (
                 store.mark_sent(c, token, decided.sent)
                 + store.schedule_retry(c, token, decided.retries)
                 + store.defer(c, token, decided.deferred)
                 + store.mark_dead(c, token, decided.dead)
                 + store.mark_cancelled(c, token, decided.cancelled)
             )
-        )
+            if self.settings.record_attempts:
+                store.record_attempts(c, self.worker, history)
+            return changed
+
+        return self._write(statements)
 
     def _write(self, statements: Callable[[Connection], T]) -> T:
         """Run one short transaction, retrying until it commits if the database goes away.

@@ -216,3 +216,40 @@ campaign_codes = Table(
         postgresql_where=text("recipient IS NULL"),
     ),
 )
+
+
+class AttemptOutcome(StrEnum):
+    """What one attempt came to. Mirrored by the ``notification_attempts_outcome`` CHECK."""
+
+    #: the provider accepted it
+    sent = "sent"
+    #: a transient failure; tried again later
+    retry = "retry"
+    #: the provider asked us to slow down; tried again later, attempt not counted
+    deferred = "deferred"
+    #: given up
+    dead = "dead"
+    #: not sent: expired, its guard said no, or cancelled meanwhile
+    cancelled = "cancelled"
+    #: its worker died before recording an outcome; taken back by the rescue
+    rescued = "rescued"
+
+
+notification_attempts = Table(
+    "notification_attempts",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("notification_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("worker", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("error", Text),
+    Column("duration_ms", Integer),
+    CheckConstraint(
+        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued')",
+        name="notification_attempts_outcome",
+    ),
+    Index("notification_attempts_by_notification", "notification_id", "id"),
+)

@@ -11,7 +11,7 @@ from notifier.models import Notification
 from notifier.providers import Outcome, Permanent, Sent
 from notifier.providers.base import truncate
 from notifier.retry import RetryPolicy, next_attempt_at
-from notifier.store import RetryAt
+from notifier.store import Attempt, RetryAt
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +82,27 @@ def plan(
             else:
                 result.retries.append(RetryAt(n.id, error, at))
     return result
+
+
+def attempts_of(
+    rows: Sequence[Notification], decided: Plan, durations: Mapping[int, float]
+) -> list[Attempt]:
+    """The history entries of a batch's attempts, from its plan."""
+    outcome: dict[int, tuple[str, str | None]] = {}
+    for row_id in decided.sent:
+        outcome[row_id] = ("sent", None)
+    for r in decided.retries:
+        outcome[r.id] = ("retry", r.error)
+    for r in decided.deferred:
+        outcome[r.id] = ("deferred", r.error)
+    for row_id, why in decided.dead.items():
+        outcome[row_id] = ("dead", why)
+    for row_id, reason in decided.cancelled.items():
+        outcome[row_id] = ("cancelled", reason)
+    history = []
+    for n in rows:
+        kind, error = outcome[n.id]
+        seconds = durations.get(n.id)
+        ms = None if seconds is None else round(seconds * 1000)
+        history.append(Attempt(n.id, n.attempts, n.channel, kind, error, ms))
+    return history

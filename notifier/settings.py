@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
 
+    record_attempts: bool = True
+    """Keep one ``notification_attempts`` row per attempt (``notifier show`` tells the story)."""
+
     rate_limits: str = ""
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""

@@ -130,25 +130,45 @@ RELEASE = text(
 
 RESCUE_EXPIRED = text(
     """
-    UPDATE notifications AS n
-       SET status = CASE WHEN n.attempts >= n.max_attempts THEN 'dead' ELSE 'pending' END,
-           rescues = n.rescues + 1,
-           locked_until = NULL,
-           next_attempt_at = now(),
-           updated_at = now(),
-           last_error = 'lease expired: worker ' || coalesce(n.claimed_by, '?')
-                        || ' stopped before recording the outcome of attempt '
-                        || n.attempts || ' (it may have been delivered)'
-                        || CASE WHEN n.attempts >= n.max_attempts
-                                THEN '; attempts used up' ELSE '' END
-      FROM (SELECT id
-              FROM notifications
-             WHERE status = 'processing' AND locked_until < now()
-             ORDER BY locked_until
-             LIMIT :limit
-               FOR UPDATE SKIP LOCKED) AS expired
-     WHERE n.id = expired.id
-    RETURNING n.id, n.status
+    WITH rescued AS (
+        UPDATE notifications AS n
+           SET status = CASE WHEN n.attempts >= n.max_attempts THEN 'dead' ELSE 'pending' END,
+               rescues = n.rescues + 1,
+               locked_until = NULL,
+               next_attempt_at = now(),
+               updated_at = now(),
+               last_error = 'lease expired: worker ' || coalesce(n.claimed_by, '?')
+                            || ' stopped before recording the outcome of attempt '
+                            || n.attempts || ' (it may have been delivered)'
+                            || CASE WHEN n.attempts >= n.max_attempts
+                                    THEN '; attempts used up' ELSE '' END
+          FROM (SELECT id
+                  FROM notifications
+                 WHERE status = 'processing' AND locked_until < now()
+                 ORDER BY locked_until
+                 LIMIT :limit
+                   FOR UPDATE SKIP LOCKED) AS expired
+         WHERE n.id = expired.id
+        RETURNING n.id, n.status, n.attempts, n.claimed_by, n.channel, n.last_error
+    ), history AS (
+        INSERT INTO notification_attempts
+               (notification_id, attempt, worker, channel, outcome, error)
+        SELECT id, attempts, coalesce(claimed_by, '?'), channel, 'rescued', last_error
+          FROM rescued
+    )
+    SELECT id, status FROM rescued
+    """
+)
+
+RECORD_ATTEMPTS = text(
+    """
+    INSERT INTO notification_attempts
+           (notification_id, attempt, worker, channel, outcome, error, duration_ms)
+    SELECT v.id, v.attempt, :worker, v.channel, v.outcome, v.error, v.duration_ms
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]), CAST(:channels AS text[]),
+                  CAST(:outcomes AS text[]), CAST(:errors AS text[]),
+                  CAST(:durations AS int[]))
+           AS v(id, attempt, channel, outcome, error, duration_ms)
     """
 )
 
@@ -373,6 +393,36 @@ def rescue_expired(conn: Connection, *, limit: int = 1000) -> dict[str, int]:
 
 
 # --- what operators and producers use ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt's entry in the history."""
+
+    id: int
+    attempt: int
+    channel: str
+    outcome: str
+    error: str | None
+    duration_ms: int | None
+
+
+def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) -> None:
+    """Append a batch's attempts to ``notification_attempts``, in one statement."""
+    if not attempts:
+        return
+    conn.execute(
+        RECORD_ATTEMPTS,
+        {
+            "worker": worker,
+            "ids": [a.id for a in attempts],
+            "attempts": [a.attempt for a in attempts],
+            "channels": [a.channel for a in attempts],
+            "outcomes": [a.outcome for a in attempts],
+            "errors": [a.error for a in attempts],
+            "durations": [a.duration_ms for a in attempts],
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)

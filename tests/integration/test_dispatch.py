@@ -172,3 +172,33 @@ def test_server_errors_back_off_then_dead_with_the_last_error(
     host = f"{httpserver.host}:{httpserver.port}"
     assert waits[2][3] == f"gave up after 3 attempts; last error: HTTP 503 from {host}: overloaded"
     assert len(httpserver.log) == 3
+
+
+def test_every_attempt_is_kept_in_the_history(
+    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
+    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
+    get_settings.cache_clear()
+    answers = iter([Response("busy", status=503), Response("ok")])
+    httpserver.expect_request("/hook").respond_with_handler(lambda request: next(answers))
+    (row_id,) = _rows(
+        engine,
+        "INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url) RETURNING id",
+        url=httpserver.url_for("/hook"),
+    )[0]
+    dispatcher = Dispatcher(engine, load_registry(), settings, worker="w-test")
+    dispatcher.run_once()
+    _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")
+    dispatcher.run_once()
+    dispatcher.close()
+    history = _rows(
+        engine,
+        "SELECT attempt, worker, channel, outcome, error LIKE 'HTTP 503%', duration_ms >= 0"
+        " FROM notification_attempts WHERE notification_id = :id ORDER BY id",
+        id=row_id,
+    )
+    assert history == [
+        (1, "w-test", "webhook", "retry", True, True),
+        (2, "w-test", "webhook", "sent", None, True),
+    ]

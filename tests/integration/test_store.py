@@ -46,4 +46,8 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
         assert store.mark_sent(conn, old, {row_id: "late"}) == 0
         assert store.mark_sent(conn, new, {row_id: "ok"}) == 1
         row = conn.execute(text("SELECT status, attempts, rescues FROM notifications")).one()
+        history = conn.execute(
+            text("SELECT attempt, worker, outcome FROM notification_attempts")
+        ).all()
     assert tuple(row) == ("sent", 2, 1)
+    assert [tuple(h) for h in history] == [(1, "a", "rescued")]
