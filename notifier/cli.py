@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import campaign_cli, client, health, store
+from notifier import campaign_cli, client, health, metrics, store
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -172,6 +172,13 @@ def _cmd_health(args: argparse.Namespace) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    metrics.serve(store.engine(), client, args.port or settings.metrics_port, args.host)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_health)
 
     campaign_cli.add_parser(sub)
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics (NOTIFIER_METRICS_PORT)")
+    p.add_argument("--port", type=int, help="default: NOTIFIER_METRICS_PORT")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
+    p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("stats", help="rows by status and channel, and the queue's lag")
     p.add_argument("--json", action="store_true", help="machine-readable output")

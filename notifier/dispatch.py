@@ -312,8 +312,29 @@ class Dispatcher:
                 done, waiting = wait(waiting, timeout=pause, return_when=FIRST_COMPLETED)
                 for future in done:
                     results[futures[future]] = future.result()
+                if waiting and time.monotonic() > deadline + self.settings.longest_send_seconds:
+                    self._abandon(waiting, futures, results)
+                    waiting = set()
             elif queue:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def _abandon(
+        self,
+        running: set[Future[Result]],
+        futures: dict[Future[Result], int],
+        results: dict[int, Result],
+    ) -> None:
+        """Stop waiting for sends that outlived every timeout (a receiver dripping its answer a
+        byte at a time resets a read timeout for ever). Their rows are retried; a send that did
+        get through is then the counted duplicate, instead of a task killed by its time limit
+        with the whole batch's outcomes lost. The stuck threads are left to their pool."""
+        limit = self.settings.longest_send_seconds
+        for future in running:
+            results[futures[future]] = Retry(f"send still running after {limit:.0f}s; abandoned")
+        log.warning("abandoned %d sends that outlived their timeouts", len(running))
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     def _grant(
         self, queue: list[Notification]

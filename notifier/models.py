@@ -142,6 +142,7 @@ notifications = Table(
         unique=True,
         postgresql_where=text("campaign_id IS NOT NULL"),
     ),
+    Index("notifications_dead", "updated_at", postgresql_where=text("status = 'dead'")),
     Index(
         "notifications_lease",
         "locked_until",

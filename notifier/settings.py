@@ -104,6 +104,23 @@ class Settings(BaseSettings):
     so a producer cannot make notifier call the deployment's own services (SSRF); see
     ``notifier/providers/netguard.py``."""
 
+    twilio_account_sid: str | None = None
+    """Account SID (``AC...``) of the Twilio account the ``sms`` channel sends through."""
+
+    twilio_auth_token: str | None = None
+    """Auth token of that account, the password of every request's HTTP basic auth."""
+
+    twilio_from: str | None = None
+    """Sender of every SMS: an E.164 number (``+14155550100``), an alphanumeric sender ID, or a
+    Messaging Service SID (``MG`` + 32 hex digits), sent as ``MessagingServiceSid`` so that
+    Twilio picks the number."""
+
+    twilio_api_base: str = "https://api.twilio.com"
+    """Base URL of Twilio's REST API; https, unless on loopback (tests, a local fake Twilio)."""
+
+    sms_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to Twilio and for each write and read of one send."""
+
     max_payload_bytes: int = Field(65_536, gt=0)
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
@@ -115,11 +132,27 @@ class Settings(BaseSettings):
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""
 
+    fcm_credentials_file: Path | None = None
+    """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
+    is set, push rows are retried, never sent."""
+
+    fcm_project_id: str | None = None
+    """Firebase project to send through; the key file's ``project_id`` when unset."""
+
+    fcm_api_base: str = "https://fcm.googleapis.com"
+    """FCM's API as scheme and host only; ``https://`` (``http://`` only on loopback, for tests)."""
+
+    push_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to FCM or its token endpoint and for each read."""
+
     guard_http_url: str | None = None
     """Where the built-in ``http`` guard asks whether a row may still be sent."""
 
     guard_http_timeout: float = Field(5.0, gt=0)
     """Seconds the ``http`` guard waits to connect and for the answer; then the row is retried."""
+
+    metrics_port: int = Field(9808, gt=0, lt=65536)
+    """Where ``notifier metrics`` serves ``/metrics`` for Prometheus."""
 
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""

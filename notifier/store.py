@@ -177,6 +177,14 @@ COUNT_BY_STATUS = text(
     " ORDER BY status, channel"
 )
 
+GAUGES = text(
+    """
+    SELECT (SELECT count(*) FROM notifications WHERE status = 'processing'),
+           (SELECT count(*) FROM notifications
+             WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
+    """
+)
+
 OLDEST_DUE = text(
     """
     SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
@@ -444,6 +452,21 @@ def queue_stats(conn: Connection) -> QueueStats:
     counts = [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
     lag, due = conn.execute(OLDEST_DUE).one()
     return QueueStats(counts, int(due), float(lag or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    due: int
+    lag_seconds: float
+    processing: int
+    dead_last_hour: int
+
+
+def gauges(conn: Connection) -> Gauges:
+    """What the metrics endpoint reads at every scrape; each served by a partial index."""
+    lag, due = conn.execute(OLDEST_DUE).one()
+    processing, dead = conn.execute(GAUGES).one()
+    return Gauges(int(due), float(lag or 0.0), int(processing), int(dead))
 
 
 ProducerConnection = Connection | psycopg.Connection[Any]

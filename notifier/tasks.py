@@ -30,7 +30,7 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import guards, health, store
+from notifier import guards, health, metrics, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.ratelimit import RateLimiter, parse_limits
@@ -38,6 +38,8 @@ from notifier.settings import get_settings
 from notifier.wakeup import Waker
 
 log = logging.getLogger(__name__)
+# httpx logs every request's full URL at INFO; webhook URLs often carry secrets.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 app = Celery("notifier")
 app.config_from_object("celeryconfig")
@@ -60,7 +62,15 @@ def _dispatcher() -> Dispatcher:
         stopping=STOPPING,
         guards=guards.load_registry(),
         limiter=RateLimiter(_redis(), parse_limits(get_settings().rate_limits)),
+        observe=_count,
     )
+
+
+def _count(attempts: list[store.Attempt]) -> None:
+    try:
+        metrics.record(_redis(), attempts)
+    except redis.RedisError as exc:  # metrics are worth less than the sends they describe
+        log.warning("could not update metrics: %s", exc)
 
 
 def _redis_gate() -> None:
@@ -110,6 +120,7 @@ def dispatch() -> int:
         _redis().delete(WAITING_FLAG)
     settings = get_settings()
     health.touch(settings.heartbeat_file)
+    _rescue_now_and_then()
     with _sigterm_stops_gracefully():
         reports = _dispatcher().drain(on_full_batch=_keep_one_waiting)
     claimed = sum(r.claimed for r in reports)
@@ -145,6 +156,22 @@ def rescue() -> dict[str, int]:
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts
+
+
+#: Set while some dispatch has run the rescue recently.
+RESCUED_FLAG = "notifier:rescue:recent"
+
+
+def _rescue_now_and_then() -> None:
+    """Dispatches run the rescue too, at most every few seconds across the cluster: while a
+    backlog keeps every pool process busy, beat's rescue messages expire in the queue."""
+    try:
+        every = max(int(get_settings().dispatch_interval / 2), 2)
+        if not _redis().set(RESCUED_FLAG, 1, nx=True, ex=every):
+            return
+    except redis.RedisError:
+        return
+    rescue()
 
 
 @signals.worker_init.connect

@@ -58,6 +58,22 @@ class Services:
             name, "beat", "--loglevel=INFO", f"--schedule={self.logs / name}-schedule"
         )
 
+    def pid(self, name: str) -> int:
+        """The PID of the process started as ``name`` (a worker's main process)."""
+        return next(proc.pid for n, proc in self.procs if n == name)
+
+    def children(self, name: str) -> list[int]:
+        """PIDs of the living child processes of ``name``: a prefork worker's pool processes."""
+        return sorted(
+            pid
+            for pid, (state, ppid) in _proc_table().items()
+            if ppid == self.pid(name) and state != "Z"
+        )
+
+    def log(self, name: str) -> str:
+        """Everything ``name`` has logged so far."""
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
     def stop(self) -> None:
         for _, proc in self.procs:
             if proc.poll() is None:
@@ -118,6 +134,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if getattr(report, "when", None) == "call" and getattr(report, "failed", False):
         item.stash[_failed_key] = True
     return report
+
+
+def _proc_table() -> dict[int, tuple[str, int]]:
+    """Every process on the machine: PID -> (state letter, parent PID), read from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):  # exited while we looked
+            continue
+        table[int(stat.parent.name)] = (state, int(ppid))
+    return table
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie not yet reaped by its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
