@@ -162,9 +162,9 @@ class Settings(BaseSettings):
         """The longest one send can take before its provider's timeouts end it.
 
         SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
-        HTTP for the connection, the request and the response.
+        HTTP (webhooks, SMS) for the connection, the request and the response.
         """
-        return max(6 * self.smtp_timeout, 3 * self.webhook_timeout)
+        return max(6 * self.smtp_timeout, 3 * self.webhook_timeout, 3 * self.sms_timeout)
 
     @property
     def task_soft_time_limit(self) -> float:

@@ -64,9 +64,7 @@ def upgrade() -> None:
         "CREATE INDEX campaign_codes_free ON campaign_codes (campaign_id, code)"
         " WHERE recipient IS NULL"
     )
-    op.execute(
-        "ALTER TABLE notifications ADD COLUMN campaign_id bigint REFERENCES campaigns (id)"
-    )
+    op.execute("ALTER TABLE notifications ADD COLUMN campaign_id bigint REFERENCES campaigns (id)")
     # One notification per recipient and campaign: a re-run launch inserts nothing twice.
     op.execute(
         "CREATE UNIQUE INDEX notifications_campaign_recipient"

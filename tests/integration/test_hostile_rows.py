@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
@@ -48,7 +49,8 @@ def hostile_rows(port: int) -> list[tuple[str, dict[str, Any], str]]:
         (
             "unknown channel",
             {"channel": "pigeon", "recipient": "ada@example.com"},
-            "unknown channel 'pigeon'; this deployment serves: email, null, webhook",
+            "unknown channel 'pigeon'; this deployment serves: "
+            + ", ".join(sorted(ep.name for ep in entry_points(group="notifier.providers"))),
         ),
         (
             "empty recipient",

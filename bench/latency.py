@@ -1,0 +1,647 @@
+"""Insert-to-sent latency of notifier at light load, with real worker and beat processes.
+
+What it measures
+    A producer INSERTs rows one per transaction, about 20 a second, and the benchmark reads back
+    how long each took to be sent, by the database's own clock:
+
+    * ``null, light load`` and ``webhook, light load``: ``sent_at - created_at`` of ``--rows``
+      rows (default 200) on the ``null`` channel, then on the ``webhook`` channel to a local
+      receiver that answers 200 at once. ``created_at`` is the start of the producer's
+      transaction, which commits right after the INSERT; ``sent_at`` is the start of the
+      transaction that records the send, so the figure covers NOTIFY, the wake-up, the Celery
+      round trip through Redis, the claim, the send and the write-back.
+    * ``delayed: lateness``: ``sent_at - next_attempt_at`` of ``--delayed`` rows (default 50,
+      ``null`` channel) inserted with ``next_attempt_at = now() + 2..6 s``, i.e. how late a
+      delayed row goes out after its time.
+
+    It prints p50/p95/p99/max in milliseconds (nearest-rank percentiles) and checks the
+    targets below. Beat keeps its production interval (``NOTIFIER_DISPATCH_INTERVAL``, 30 s):
+    these latencies come from the wake-ups on insert (``notifier/wakeup.py``), and a row that a
+    missed wake-up leaves to beat shows up as an outlier of up to 30 s.
+
+Targets
+    * light load (null and webhook): p95 < 1000 ms;
+    * delayed rows: every one sent within 1 s of its ``next_attempt_at``.
+
+    The exit status is 0 whether the targets are met or not (it is a benchmark, not a test);
+    it is 1 if the set-up fails (no PostgreSQL or Redis, a worker that never gets ready, ...)
+    or PostgreSQL or Redis goes away during the run, and 130 when interrupted (Ctrl-C,
+    SIGTERM).
+
+How to run it
+    From the repository root, with PostgreSQL and Redis on localhost::
+
+        python bench/latency.py [--rows N] [--delayed M] [--keep]
+
+    It takes about a minute. It drops and recreates the database ``notifier_bench_latency``
+    (``NOTIFIER_BENCH_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432``), flushes
+    Redis db 14 (``NOTIFIER_BENCH_REDIS``, default ``redis://127.0.0.1:6379/14``), and runs,
+    from the repository root, exactly what production runs::
+
+        python -m celery -A notifier worker --concurrency=2 --loglevel=WARNING
+        python -m celery -A notifier beat --schedule=<temp dir>/celerybeat-schedule
+
+    with ``NOTIFIER_*`` variables from the calling shell left out, so that only the settings
+    below apply: the two URLs, ``NOTIFIER_WEBHOOK_ALLOW_HTTP=true``,
+    ``NOTIFIER_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,::1/128`` (the receiver is on loopback) and
+    a heartbeat file in the temp dir. Once ``celery inspect ping`` answers and the worker's
+    wake-up listener is connected, warm-up rows (null and webhook, not measured; at least 2 s,
+    until each pool process has sent both channels) pay the pool processes' first-use costs:
+    connections, the providers, the HTTP client. At the end the processes get SIGTERM (SIGKILL
+    after 20 s), and the database, Redis db 14 and the temp dir (logs, beat schedule) are
+    removed, unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and tests.receiver
+
+import psycopg
+import redis
+
+from notifier.cli import migrate
+from tests.receiver import Receiver
+
+REPO = Path(__file__).resolve().parents[1]
+DATABASE = "notifier_bench_latency"
+POSTGRES = os.environ.get("NOTIFIER_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/14")
+
+#: Seconds between two inserts of the light-load scenarios: about 20 rows a second.
+SPACING = 0.05
+#: Seconds between two inserts of delayed rows, and the range of their delays.
+DELAYED_SPACING = 0.1
+DELAY_RANGE = (2.0, 6.0)
+#: How long to wait for the rows of a scenario after its last insert: beat's 30 s interval and
+#: a margin, so a row a wake-up missed is still sent (by beat) and counted as an outlier.
+SETTLE_TIMEOUT = 35.0
+#: Worker pool processes (``--concurrency``).
+CONCURRENCY = 2
+#: Warm-up: at least this many seconds of rows, alternately webhook and null, at most the limit.
+WARMUP_SECONDS = 2.0
+WARMUP_LIMIT = 15.0
+WARMUP_SPACING = 0.05
+#: During the warm-up the receiver answers this slowly, so that a pool process busy with a
+#: webhook leaves the next dispatch to an idle one and every pool process gets rows.
+WARMUP_RECEIVER_DELAY = 0.2
+#: Set-up limits.
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+#: Targets.
+P95_TARGET_MS = 1000.0
+LATENESS_TARGET_MS = 1000.0
+SEED = 20261129
+#: Celery's log lines of level WARNING and above: ``[... WARNING/MainProcess] ...``.
+_PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL)/")
+
+
+class SetupError(Exception):
+    """The benchmark could not be set up; nothing was measured."""
+
+
+def _psycopg_url(url: str) -> str:
+    """psycopg spells the scheme ``postgresql://``; SQLAlchemy's driver suffix goes."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _sqlalchemy_url(url: str) -> str:
+    """``notifier.cli.migrate`` takes a SQLAlchemy URL; notifier runs on psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending, non-empty sequence."""
+    rank = max(math.ceil(p / 100 * len(sorted_values)), 1)
+    return sorted_values[rank - 1]
+
+
+@dataclass
+class Result:
+    """One scenario's measurements, in milliseconds, in insertion order."""
+
+    name: str
+    inserted: int
+    values_ms: list[float]
+    #: rows that did not end ``sent`` within the time allowed, by status
+    unsent: dict[str, int] = field(default_factory=dict)
+    insert_seconds: float = 0.0
+
+    def stat(self, p: float) -> float:
+        return percentile(sorted(self.values_ms), p) if self.values_ms else math.nan
+
+    @property
+    def max(self) -> float:
+        return max(self.values_ms) if self.values_ms else math.nan
+
+    def slowest(self, count: int = 3) -> list[tuple[int, float]]:
+        """(1-based position in insertion order, ms) of the slowest rows."""
+        ranked = sorted(enumerate(self.values_ms, 1), key=lambda pair: -pair[1])
+        return ranked[:count]
+
+
+# --- the services ------------------------------------------------------------------------------
+
+
+@dataclass
+class Services:
+    """Worker and beat as production runs them, each in a process group of its own."""
+
+    env: dict[str, str]
+    workdir: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    def start(self, name: str, *args: str) -> None:
+        log = (self.workdir / f"{name}.log").open("wb")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "notifier", *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop them in order
+        )
+        self.procs.append((name, proc))
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise SetupError(f"{name} exited with status {proc.returncode}")
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM to each main process, as ``docker stop`` does (a worker passes it on to its
+        pool processes); SIGKILL to the process groups of those still there after STOP_TIMEOUT.
+        """
+        try:
+            for _, proc in self.procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            for name, proc in self.procs:
+                try:
+                    proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    print(f"  {name} still running after {STOP_TIMEOUT:.0f}s: SIGKILL")
+        finally:  # also on a second Ctrl-C while waiting
+            for _, proc in self.procs:
+                _signal_group(proc, signal.SIGKILL)  # the pool processes too, if any are left
+                proc.wait()
+            for log in self._logs:
+                log.close()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)  # its own session: the group id is its pid
+
+
+def celery_ping(env: dict[str, str]) -> bool:
+    """True once ``celery inspect ping`` gets an answer from the worker."""
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "notifier", "inspect", "ping", "--timeout=1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode == 0 and b"pong" in done.stdout
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, services: Services
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        services.check_alive()
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise SetupError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# --- producing and reading back ----------------------------------------------------------------
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def insert_null(conn: Conn, i: int, delay: float = 0.0) -> int:
+    """One row on the ``null`` channel, in a transaction of its own (autocommit)."""
+    row = conn.execute(
+        "INSERT INTO notifications (channel, recipient, subject, body, next_attempt_at)"
+        " VALUES ('null', 'bench', 'latency', %s, now() + make_interval(secs => %s))"
+        " RETURNING id",
+        (f"row {i}", delay),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def insert_webhook(conn: Conn, i: int, url: str) -> int:
+    row = conn.execute(
+        "INSERT INTO notifications (channel, recipient, subject, payload)"
+        " VALUES ('webhook', %s, 'bench.latency', %s::jsonb) RETURNING id",
+        (url, json.dumps({"row": i})),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def paced(count: int, spacing: float, insert: Callable[[int], int]) -> tuple[list[int], float]:
+    """Call ``insert(i)`` ``count`` times, one every ``spacing`` s on a fixed schedule."""
+    ids = []
+    start = time.monotonic()
+    for i in range(count):
+        pause = start + i * spacing - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        ids.append(insert(i))
+    return ids, time.monotonic() - start
+
+
+def wait_settled(conn: Conn, ids: list[int], timeout: float) -> dict[str, int]:
+    """Wait until no row of ``ids`` is pending or processing; return the count by status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = {
+            str(status): int(n)
+            for status, n in conn.execute(
+                "SELECT status, count(*) FROM notifications WHERE id = ANY(%s) GROUP BY status",
+                (ids,),
+            ).fetchall()
+        }
+        unfinished = counts.get("pending", 0) + counts.get("processing", 0)
+        if not unfinished or time.monotonic() >= deadline:
+            return counts
+        time.sleep(0.2)
+
+
+Since = Literal["created_at", "next_attempt_at"]
+
+
+def measure(conn: Conn, ids: list[int], since: Since) -> list[float]:
+    """``sent_at - <since>`` in ms of the sent rows of ``ids``, in insertion order."""
+    rows = conn.execute(
+        f"SELECT extract(epoch FROM sent_at - {since}) * 1000 FROM notifications"
+        " WHERE id = ANY(%s) AND status = 'sent' ORDER BY id",
+        (ids,),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def scenario(
+    conn: Conn, name: str, count: int, spacing: float, insert: Callable[[int], int], since: Since
+) -> Result:
+    print(f"  {name}: inserting {count} rows, one every {spacing * 1000:.0f} ms ...", flush=True)
+    ids, seconds = paced(count, spacing, insert)
+    counts = wait_settled(conn, ids, SETTLE_TIMEOUT)
+    unsent = {s: n for s, n in counts.items() if s != "sent"}
+    return Result(name, count, measure(conn, ids, since), unsent, seconds)
+
+
+def warm_up(conn: Conn, receiver: Receiver) -> int:
+    """Send unmeasured rows until every pool process has sent a null and a webhook row.
+
+    A pool process pays for its first rows of a channel (connections, the provider, the HTTP
+    client). At light load one process gets nearly every dispatch, so a plain warm-up would
+    leave the other cold, and its first send in the measurement an outlier of hundreds of ms.
+    Returns how many pool processes have sent both channels (``claimed_by`` names them).
+    """
+    started = time.monotonic()
+    ids: list[int] = []
+    receiver.delay = WARMUP_RECEIVER_DELAY
+    try:
+        while True:
+            burst, _ = paced(
+                round(WARMUP_SECONDS / WARMUP_SPACING),
+                WARMUP_SPACING,
+                lambda i: insert_null(conn, i) if i % 2 else insert_webhook(conn, i, receiver.url),
+            )
+            ids += burst
+            counts = wait_settled(conn, ids, SETTLE_TIMEOUT)
+            if counts.get("sent", 0) != len(ids):
+                raise SetupError(f"warm-up rows were not all sent: {counts}")
+            row = conn.execute(
+                "SELECT count(*) FROM (SELECT claimed_by FROM notifications WHERE id = ANY(%s)"
+                " GROUP BY claimed_by HAVING count(DISTINCT channel) = 2) AS warm",
+                (ids,),
+            ).fetchone()
+            warmed = int(row[0]) if row else 0
+            if warmed >= CONCURRENCY or time.monotonic() - started >= WARMUP_LIMIT:
+                return warmed
+    finally:
+        receiver.delay = 0.0
+
+
+# --- set-up and report -------------------------------------------------------------------------
+
+
+def setup_database() -> str:
+    """Drop and recreate the benchmark database, migrate it; return its URL."""
+    base = _psycopg_url(POSTGRES).rstrip("/")
+    try:
+        with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=10) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{DATABASE}"')
+    except psycopg.Error as exc:
+        raise SetupError(f"cannot recreate {DATABASE} on {base}: {exc}") from exc
+    url = f"{base}/{DATABASE}"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "created database ..." lines
+            migrate(_sqlalchemy_url(url))
+    except Exception as exc:
+        raise SetupError(f"cannot migrate {DATABASE}: {exc}") from exc
+    return url
+
+
+def drop_database() -> None:
+    base = _psycopg_url(POSTGRES).rstrip("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=10) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+
+
+def flush_redis() -> None:
+    client = redis.Redis.from_url(REDIS, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.flushdb()
+    except redis.RedisError as exc:
+        raise SetupError(f"cannot flush Redis at {REDIS}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def service_env(database_url: str, workdir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
+    env.update(
+        NOTIFIER_DATABASE_URL=database_url,
+        NOTIFIER_REDIS_URL=REDIS,
+        NOTIFIER_WEBHOOK_ALLOW_HTTP="true",
+        NOTIFIER_WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8,::1/128",
+        NOTIFIER_HEARTBEAT_FILE=str(workdir / "heartbeat"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def waker_listening(conn: Conn) -> bool:
+    """True once a worker's wake-up listener has run its LISTEN on the benchmark database."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        " AND application_name = 'notifier-wake' AND query ILIKE 'LISTEN%%'",
+        (DATABASE,),
+    ).fetchone()
+    return row is not None and int(row[0]) > 0
+
+
+def _fmt(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
+def report(results: list[Result], late: Result, command: str, services: list[str]) -> None:
+    print()
+    print(f"{'scenario':<22}{'rows':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    for r in [*results, late]:
+        rows = str(len(r.values_ms)) if not r.unsent else f"{len(r.values_ms)}/{r.inserted}"
+        print(
+            f"{r.name:<22}{rows:>6}{_fmt(r.stat(50)):>10}{_fmt(r.stat(95)):>10}"
+            f"{_fmt(r.stat(99)):>10}{_fmt(r.max):>10}"
+        )
+    print()
+    for r in [*results, late]:
+        rate = r.inserted / r.insert_seconds if r.insert_seconds else math.nan
+        slowest = ", ".join(f"#{pos} {ms:.0f} ms" for pos, ms in r.slowest())
+        extra = f"; NOT SENT: {r.unsent}" if r.unsent else ""
+        print(f"  {r.name}: {rate:.1f} rows/s inserted; slowest (by position): {slowest}{extra}")
+
+    print("\ntargets")
+    for r in results:
+        ok = not r.unsent and r.stat(95) < P95_TARGET_MS
+        print(
+            f"  {'PASS' if ok else 'FAIL'}  {r.name}: p95 < {P95_TARGET_MS:.0f} ms"
+            f" (p95 {_fmt(r.stat(95))} ms{', some rows not sent' if r.unsent else ''})"
+        )
+    too_late = sum(1 for v in late.values_ms if v > LATENESS_TARGET_MS)
+    early = sum(1 for v in late.values_ms if v < 0)
+    ok = not late.unsent and too_late == 0 and early == 0
+    print(
+        f"  {'PASS' if ok else 'FAIL'}  delayed: every row sent within"
+        f" {LATENESS_TARGET_MS / 1000:.0f} s of its time ({too_late} of {late.inserted} more than"
+        f" {LATENESS_TARGET_MS / 1000:.0f} s late, {early} early"
+        f"{f', {sum(late.unsent.values())} not sent' if late.unsent else ''})"
+    )
+    print(f"\nload average at the end: {_load()} (other work on the machine adds to latency)")
+    print(f"command: {command}")
+    for line in services:
+        print(f"  {line}")
+
+
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _log_problems(text: str) -> list[str]:
+    return [line for line in text.splitlines() if _PROBLEM.search(line)]
+
+
+def _raise_interrupt(signum: int, _: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = shlex.join([sys.executable, *sys.argv])
+    workdir = Path(tempfile.mkdtemp(prefix="notifier-bench-latency-"))
+    services: Services | None = None
+    receiver: Receiver | None = None
+    conn: Conn | None = None
+    database_touched = False
+    failed = False
+    try:
+        print(
+            f"notifier latency benchmark ({_git_commit()}, Python {platform.python_version()},"
+            f" {os.cpu_count()} CPUs, load average {_load()})"
+        )
+        print(f"  database {DATABASE} on {_psycopg_url(POSTGRES)}; Redis {REDIS}; logs {workdir}")
+        flush_redis()
+        database_touched = True
+        database_url = setup_database()
+        db = conn = psycopg.connect(database_url, autocommit=True)
+        row = db.execute("SHOW server_version").fetchone()
+        print(f"  PostgreSQL {row[0] if row else '?'}")
+
+        receiver = Receiver().start()
+        env = service_env(database_url, workdir)
+        services = Services(env, workdir)
+        worker_args = ("worker", f"--concurrency={CONCURRENCY}", "--loglevel=WARNING")
+        beat_args = ("beat", f"--schedule={workdir / 'celerybeat-schedule'}")
+        services.start("worker", *worker_args)
+        services.start("beat", *beat_args)
+        started = time.monotonic()
+        wait_until(lambda: celery_ping(env), READY_TIMEOUT, "celery inspect ping", services)
+        wait_until(lambda: waker_listening(db), 30, "the wake-up listener", services)
+        print(f"  worker ready after {time.monotonic() - started:.1f}s; warming up ...", flush=True)
+
+        url = receiver.url
+        warmed = warm_up(db, receiver)
+        print(f"  warm-up done: {warmed} of {CONCURRENCY} pool processes have sent both channels")
+
+        rng = random.Random(SEED)
+        results = [
+            scenario(
+                db,
+                "null, light load",
+                args.rows,
+                SPACING,
+                lambda i: insert_null(db, i),
+                "created_at",
+            ),
+            scenario(
+                db,
+                "webhook, light load",
+                args.rows,
+                SPACING,
+                lambda i: insert_webhook(db, i, url),
+                "created_at",
+            ),
+        ]
+        late = scenario(
+            db,
+            "delayed: lateness",
+            args.delayed,
+            DELAYED_SPACING,
+            lambda i: insert_null(db, i, rng.uniform(*DELAY_RANGE)),
+            "next_attempt_at",
+        )
+        deliveries = receiver.counts()
+        repeats = sum(n - 1 for n in deliveries.values() if n > 1)
+        if repeats:
+            print(f"  note: the receiver got {repeats} repeated webhook deliveries")
+
+        celery = shlex.join([sys.executable, "-m", "celery", "-A", "notifier"])
+        report(
+            results,
+            late,
+            command,
+            [
+                f"cd {REPO} && {celery} {shlex.join(worker_args)}",
+                f"cd {REPO} && {celery} {shlex.join(beat_args)}",
+            ],
+        )
+        for name, proc in services.procs:
+            if proc.poll() is not None:
+                print(f"\n{name} exited during the run, with status {proc.returncode}")
+        problems = _log_problems(services.log("worker")) + _log_problems(services.log("beat"))
+        if problems:
+            print(f"\n{len(problems)} warning/error lines in the worker and beat logs, e.g.:")
+            for line in problems[:5]:
+                print(f"  {line}")
+        return 0
+    except SetupError as exc:
+        failed = True
+        print(f"\nsetup failed: {exc}", file=sys.stderr)
+        if services is not None:
+            for name, _ in services.procs:
+                print(f"--- {name} log (tail) ---\n{services.log(name)[-3000:]}", file=sys.stderr)
+        return 1
+    except (psycopg.OperationalError, redis.RedisError) as exc:
+        failed = True
+        print(f"\nrun failed (was PostgreSQL or Redis restarted?): {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        failed = True  # keep the logs to look at
+        raise
+    finally:
+        if conn is not None:
+            conn.close()
+        if services is not None:
+            print("stopping worker and beat ...", flush=True)
+            services.stop()
+        if receiver is not None:
+            receiver.stop()
+        if not args.keep:
+            if database_touched:
+                try:
+                    drop_database()
+                except psycopg.Error as exc:
+                    print(f"could not drop {DATABASE}: {exc}", file=sys.stderr)
+            try:
+                flush_redis()
+            except SetupError as exc:
+                print(exc, file=sys.stderr)
+        if args.keep or failed:
+            print(f"kept logs and beat schedule in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Measure notifier's insert-to-sent latency at light load (see the docstring)."
+    )
+    parser.add_argument("--rows", type=int, default=200, help="rows per light-load scenario")
+    parser.add_argument("--delayed", type=int, default=50, help="delayed rows")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the database, Redis db and logs afterwards"
+    )
+    args = parser.parse_args(argv)
+    if args.rows < 1 or args.delayed < 1:
+        parser.error("--rows and --delayed must be at least 1")
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; everything started was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
