@@ -418,16 +418,22 @@ class Dispatcher:
         return self._write(lambda c: store.release(c, token, ids))
 
     def _record(self, token: UUID, decided: Plan, history: list[store.Attempt]) -> int:
+        recording = self.settings.record_attempts
+        durations = {a.id: a.duration_ms for a in history if a.outcome == "sent"}
+
         def statements(c: Connection) -> int:
             changed = (
-                store.mark_sent(c, token, decided.sent)
+                store.mark_sent(
+                    c, token, decided.sent, (self.worker, durations) if recording else None
+                )
                 + store.schedule_retry(c, token, decided.retries)
                 + store.defer(c, token, decided.deferred)
                 + store.mark_dead(c, token, decided.dead)
                 + store.mark_cancelled(c, token, decided.cancelled)
             )
-            if self.settings.record_attempts:
-                store.record_attempts(c, self.worker, history)
+            if recording:
+                others = [a for a in history if a.outcome != "sent"]
+                store.record_attempts(c, self.worker, others)
             return changed
 
         return self._write(statements)
