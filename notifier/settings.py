@@ -162,9 +162,14 @@ class Settings(BaseSettings):
         """The longest one send can take before its provider's timeouts end it.
 
         SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
-        HTTP (webhooks, SMS) for the connection, the request and the response.
+        HTTP (webhooks, SMS, push) for the connection, the request and the response.
         """
-        return max(6 * self.smtp_timeout, 3 * self.webhook_timeout, 3 * self.sms_timeout)
+        return max(
+            6 * self.smtp_timeout,
+            3 * self.webhook_timeout,
+            3 * self.sms_timeout,
+            6 * self.push_timeout,  # a token fetch, then the send
+        )
 
     @property
     def task_soft_time_limit(self) -> float:
