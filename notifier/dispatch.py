@@ -49,6 +49,9 @@ from notifier.validation import check_common
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: Seconds after which rows about to be sent are looked at again (cancelled? paused?).
+RECHECK_AFTER = 0.2
+
 
 class SendingPaused(Exception):
     """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
@@ -217,12 +220,8 @@ class Dispatcher:
     def _process(
         self, token: UUID, claimed: list[Notification], deadline: float, report: BatchReport
     ) -> None:
-        # Checked again right before sending: a producer may have cancelled since the claim.
-        held, paused = self._write(lambda c: store.recheck(c, token, (n.id for n in claimed)))
-        report.stale = len(claimed) - len(held)
-        if paused:
-            report.released += self._write(lambda c: store.park_claimed(c, token, paused))
-        rows = [n for n in claimed if n.id in held and n.id not in paused]
+        # Looked at again right before sending: a producer may have cancelled since the claim.
+        rows = self._still_wanted(token, claimed, report)
         results: dict[int, Result] = {}
         ready: list[Notification] = []
         for n in rows:
@@ -276,38 +275,47 @@ class Dispatcher:
     ) -> None:
         """Send ``rows`` into ``results`` as fast as the rate limits allow, several at a time.
 
-        Rows the limits hold back wait here, paced by the limiter, until the deadline; then,
-        or when stopping, or when the limiter cannot be asked (fail closed), the rows not yet
-        started are handed back without using up their attempt.
+        Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
+        start in waves as threads come free; before a wave that starts more than
+        ``RECHECK_AFTER`` seconds after the last look, its rows are looked at again, so a row
+        cancelled (or its campaign paused) while its batch was sending is not sent. When
+        stopping, past the deadline, or when the limiter cannot be asked (fail closed), the rows
+        not yet started are handed back without using up their attempt.
         """
-        queue = rows
+        queue = rows  # not yet granted by the rate limits
+        ready: list[Notification] = []  # granted, not yet started
         futures: dict[Future[Result], int] = {}
         waiting: set[Future[Result]] = set()
-        while queue or waiting:
+        looked = time.monotonic()
+        slots = self.settings.send_concurrency
+        while queue or ready or waiting:
             pause = 0.05
-            if queue and not self.stopping.is_set() and time.monotonic() < deadline:
+            closing = self.stopping.is_set() or time.monotonic() >= deadline
+            if queue and not closing:
                 try:
                     granted, queue, pause = self._grant(queue)
+                    ready += granted
                 except SendingPaused as exc:
-                    log.warning("sending paused, handing %d rows back: %s", len(queue), exc)
+                    log.warning("sending paused, handing rows back: %s", exc)
                     report.paused = str(exc)
-                    granted = []
-                    report.released += self._release(token, [n.id for n in queue])
-                    queue = []
-                for n in granted:
-                    if n.guard is None and getattr(self.registry[n.channel], "inline", False):
-                        results[n.id] = self._timed_send(token, n)  # no I/O: not worth a thread
-                    else:
-                        future = self._executor().submit(self._timed_send, token, n)
-                        futures[future] = n.id
-                        waiting.add(future)
-            if self.stopping.is_set() or time.monotonic() >= deadline:
-                unstarted = {f for f in waiting if f.cancel()}
-                waiting -= unstarted
-                late = [futures[f] for f in unstarted] + [n.id for n in queue]
-                queue = []
-                if late:
-                    report.released += self._release(token, late)
+                    closing = True
+            if closing and (queue or ready):
+                report.released += self._release(token, [n.id for n in queue + ready])
+                queue, ready = [], []
+            if ready and time.monotonic() - looked > RECHECK_AFTER:
+                ready = self._still_wanted(token, ready, report)
+                looked = time.monotonic()
+            inline = [n for n in ready if self._inline(n)]
+            for n in inline:  # no I/O: not worth a thread, and done at once
+                results[n.id] = self._timed_send(token, n)
+            if inline:
+                ready = [n for n in ready if n.id not in results]
+            free = slots - len(waiting)
+            for n in ready[:free]:
+                future = self._executor().submit(self._timed_send, token, n)
+                futures[future] = n.id
+                waiting.add(future)
+            ready = ready[free:] if free > 0 else ready
             if waiting:
                 done, waiting = wait(waiting, timeout=pause, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -315,8 +323,21 @@ class Dispatcher:
                 if waiting and time.monotonic() > deadline + self.settings.longest_send_seconds:
                     self._abandon(waiting, futures, results)
                     waiting = set()
-            elif queue:
+            elif queue and not ready:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def _inline(self, n: Notification) -> bool:
+        return n.guard is None and bool(getattr(self.registry[n.channel], "inline", False))
+
+    def _still_wanted(
+        self, token: UUID, rows: list[Notification], report: BatchReport
+    ) -> list[Notification]:
+        """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
+        held, paused = self._write(lambda c: store.recheck(c, token, (n.id for n in rows)))
+        report.stale += sum(1 for n in rows if n.id not in held)
+        if paused:
+            report.released += self._write(lambda c: store.park_claimed(c, token, paused))
+        return [n for n in rows if n.id in held and n.id not in paused]
 
     def _abandon(
         self,

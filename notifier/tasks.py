@@ -30,7 +30,7 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import guards, health, metrics, store
+from notifier import guards, health, logs, metrics, ops, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.ratelimit import RateLimiter, parse_limits
@@ -158,6 +158,25 @@ def rescue() -> dict[str, int]:
     return counts
 
 
+@app.task(name="notifier.purge")
+def purge(after: int = 0) -> dict[str, int]:
+    """Delete finished rows past their retention (``notifier purge``), for one dispatch budget
+    at a time: a fresh task carries on from where this one stopped."""
+    settings = get_settings()
+    budget = settings.dispatch_budget_seconds
+    report = ops.purge(store.engine(), settings, budget_seconds=budget, after=after)
+    if not report.finished:
+        purge.apply_async(kwargs={"after": report.last_id}, expires=3600)
+    return report.deleted
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _configure_logging(logger: logging.Logger, **_: Any) -> None:
+    """NOTIFIER_LOG_FORMAT and recipient masking for the handlers Celery has just set up."""
+    logs.configure(get_settings(), logger)
+
+
 #: Set while some dispatch has run the rescue recently.
 RESCUED_FLAG = "notifier:rescue:recent"
 
@@ -192,6 +211,10 @@ def _after_fork(**_: Any) -> None:
     store.dispose_engine()
     _dispatcher.cache_clear()
     _redis.cache_clear()
+    try:  # load the providers now, not in the first dispatch (whose sends it would delay)
+        _dispatcher()
+    except Exception:  # a broken plugin or setting shows in the first dispatch too
+        log.exception("could not prepare the dispatcher")
 
 
 @signals.worker_shutting_down.connect
