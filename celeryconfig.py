@@ -4,6 +4,8 @@ Loaded by ``notifier.tasks`` with ``app.config_from_object("celeryconfig")``. Va
 operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER_*``).
 """
 
+from celery.schedules import crontab
+
 from notifier.settings import get_settings
 
 _settings = get_settings()
@@ -59,5 +61,14 @@ beat_schedule = {
         "task": "notifier.rescue",
         "schedule": max(_interval, 5.0),
         "options": {"expires": max(_interval * 0.9, 0.5)},
+    },
+    # Once a day at a quiet hour (UTC). Not an 86400 s interval: beat counts an interval from
+    # its own start, and its schedule file does not outlive a redeploy, so a beat restarted
+    # more often than daily would never purge. A purge not started within the hour is dropped;
+    # tomorrow's deletes the same rows.
+    "purge": {
+        "task": "notifier.purge",
+        "schedule": crontab(hour=3, minute=17),
+        "options": {"expires": 3600},
     },
 }

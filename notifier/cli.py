@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import campaign_cli, client, health, metrics, store
+from notifier import campaign_cli, client, health, logs, metrics, ops_cli, store
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -114,49 +114,6 @@ def _cmd_send(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_cancel(args: argparse.Namespace) -> int:
-    reason = args.reason
-    with store.engine().begin() as conn:
-        if args.id is not None:
-            done = store.cancel_by_id(conn, args.id, reason)
-            what = f"notification {args.id}"
-        else:
-            done = client.cancel(conn, args.key, reason)
-            what = f"the notification with key {args.key!r}"
-    if not done:
-        print(f"{what} was not waiting to be sent (no such row, or already finished)")
-        return 1
-    print(f"cancelled {what}")
-    return 0
-
-
-def _cmd_stats(args: argparse.Namespace) -> int:
-    with store.engine().connect() as conn:
-        stats = store.queue_stats(conn)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "by_status_channel": [
-                        {"status": s, "channel": c, "count": n}
-                        for s, c, n in stats.by_status_channel
-                    ],
-                    "due": stats.due,
-                    "lag_seconds": stats.lag_seconds,
-                }
-            )
-        )
-        return 0
-    rows = [("STATUS", "CHANNEL", "COUNT")] + [
-        (s, c, str(n)) for s, c, n in stats.by_status_channel
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for r in rows:
-        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}")
-    print(f"\ndue now: {stats.due}   lag (oldest due row waiting): {stats.lag_seconds:.1f}s")
-    return 0
-
-
 def _cmd_health(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -204,13 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guard", help="send-time check that must agree, e.g. http")
     p.set_defaults(func=_cmd_send)
 
-    p = sub.add_parser("cancel", help="cancel a notification that has not been sent yet")
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("key", nargs="?", help="the row's dedupe key")
-    target.add_argument("--id", type=int, help="the row's id")
-    p.add_argument("--reason", default="cancelled by operator", help="stored in last_error")
-    p.set_defaults(func=_cmd_cancel)
-
     p = sub.add_parser(
         "health", help="exit 0 if PostgreSQL and Redis answer and due work is being claimed"
     )
@@ -227,15 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
     p.set_defaults(func=_cmd_metrics)
 
-    p = sub.add_parser("stats", help="rows by status and channel, and the queue's lag")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_stats)
+    ops_cli.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        logs.configure(get_settings())
         return int(args.func(args))
     except (ValueError, OSError) as exc:
         print(f"notifier: {exc}", file=sys.stderr)

@@ -205,6 +205,18 @@ class Dispatcher:
                 report.released,
                 report.stale,
                 report.took,
+                extra={
+                    "event": "batch",
+                    "claimed": report.claimed,
+                    "sent": report.sent,
+                    "retried": report.retried,
+                    "dead": report.dead,
+                    "cancelled": report.cancelled,
+                    "released": report.released,
+                    "stale": report.stale,
+                    "took": round(report.took, 3),
+                    "worker": self.worker,
+                },
             )
         return report
 

@@ -71,6 +71,10 @@ class Notification:
     priority: int = 0
     guard: str | None = None
     expires_at: datetime | None = None
+    #: the template to render instead of ``subject`` and ``body`` (see ``notifier.content``)
+    template: str | None = None
+    #: the template's locale, e.g. ``de-AT``; ``NOTIFIER_DEFAULT_LOCALE`` when unset
+    locale: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:
@@ -112,6 +116,8 @@ notifications = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("sent_at", DateTime(timezone=True)),
+    Column("template", Text),
+    Column("locale", Text),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -253,4 +259,40 @@ notification_attempts = Table(
         name="notification_attempts_outcome",
     ),
     Index("notification_attempts_by_notification", "notification_id", "id"),
+    Index("notification_attempts_at", "at"),
+)
+
+templates = Table(
+    "templates",
+    metadata,
+    Column("name", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("locale", Text, nullable=False),
+    Column("subject", Text),
+    Column("body", Text),
+    Column("html", Text),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    PrimaryKeyConstraint("name", "channel", "locale"),
+    CheckConstraint(
+        "subject IS NOT NULL OR body IS NOT NULL OR html IS NOT NULL",
+        name="templates_has_content",
+    ),
+    comment=(
+        "Jinja2 templates a notification names in its template column;"
+        " written by notifier template add."
+    ),
+)
+
+suppressions = Table(
+    "suppressions",
+    metadata,
+    Column("channel", Text, nullable=False),
+    Column("recipient", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    PrimaryKeyConstraint("channel", "recipient"),
+    comment=(
+        "Recipients never sent to on a channel. Producers may INSERT ... ON CONFLICT DO NOTHING;"
+        " notifier adds hard bounces."
+    ),
 )

@@ -128,6 +128,30 @@ class Settings(BaseSettings):
     record_attempts: bool = True
     """Keep one ``notification_attempts`` row per attempt (``notifier show`` tells the story)."""
 
+    default_locale: str = Field("en", min_length=1)
+    """Locale of the templates a templated row falls back to when it names no locale, or when
+    neither its own (``de-AT``) nor its language's (``de``) exists; see ``notifier/content.py``."""
+
+    override_recipients: str = ""
+    """Staging safety: ``email=qa@example.com;sms=+14155550100`` sends every message of those
+    channels to that recipient instead of the row's, which stays in the database and reaches
+    the provider as ``payload.original_recipient``. Empty (the default) in production."""
+
+    @field_validator("default_locale")
+    @classmethod
+    def _normalize_locale(cls, value: str) -> str:
+        from notifier.content import normalize_locale
+
+        return normalize_locale(value)
+
+    @field_validator("override_recipients")
+    @classmethod
+    def _parse_overrides(cls, value: str) -> str:
+        from notifier.content import parse_overrides
+
+        parse_overrides(value)  # refuse a malformed spec at start-up, not at the first send
+        return value
+
     rate_limits: str = ""
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""
@@ -153,6 +177,20 @@ class Settings(BaseSettings):
 
     metrics_port: int = Field(9808, gt=0, lt=65536)
     """Where ``notifier metrics`` serves ``/metrics`` for Prometheus."""
+
+    log_format: str = Field("text", pattern="^(text|json)$")
+    """``text``: plain lines; ``json``: one JSON object per line, with a record's ``extra``
+    fields as keys (see ``notifier/logs.py``). Recipients are masked in both."""
+
+    retention_sent_days: float = Field(30.0, gt=0)
+    """``notifier purge`` and the daily ``notifier.purge`` task delete ``sent`` rows, and their
+    attempt history, this many days after they were sent."""
+
+    retention_dead_days: float = Field(365.0, gt=0)
+    """Days a ``dead`` row (and its history) is kept after it died, for ``notifier requeue``."""
+
+    retention_cancelled_days: float = Field(30.0, gt=0)
+    """Days a ``cancelled`` row (and its history) is kept after it was cancelled."""
 
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""

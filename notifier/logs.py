@@ -1,0 +1,240 @@
+"""Log lines: plain text or one JSON object per line, and never a whole recipient.
+
+``configure(settings)`` sets up the command line's logging; the Celery worker and beat call
+``configure(settings, logger)`` from the ``after_setup_logger`` signals, which swaps the
+formatters of the handlers Celery installed. ``NOTIFIER_LOG_FORMAT=json`` gives each record as
+one object: ``ts``, ``level``, ``logger``, ``message`` and every field the caller passed in
+``extra=`` (the per-batch summary's ``claimed``, ``sent``, ... ``took``), plus ``exc_info``.
+
+Masking is a second line of defence, in both formats: an ``extra`` field named ``recipient`` is
+masked by ``mask_recipient``, and email addresses, URLs and E.164 numbers found anywhere in a
+message or a traceback are masked the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+from notifier.settings import Settings
+
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+_PHONE = re.compile(r"(?<![\w+])\+[1-9]\d{7,14}\b")
+_PHONE_LIKE = re.compile(r"\+?\d[\d ().-]{6,}\d")
+#: ITU country codes of two digits; ``1`` and ``7`` are the one-digit ones, the rest have three.
+_TWO_DIGIT_CODES = frozenset(
+    [
+        "20",
+        "27",
+        "30",
+        "31",
+        "32",
+        "33",
+        "34",
+        "36",
+        "39",
+        "40",
+        "41",
+        "43",
+        "44",
+        "45",
+        "46",
+        "47",
+        "48",
+        "49",
+        "51",
+        "52",
+        "53",
+        "54",
+        "55",
+        "56",
+        "57",
+        "58",
+        "60",
+        "61",
+        "62",
+        "63",
+        "64",
+        "65",
+        "66",
+        "81",
+        "82",
+        "84",
+        "86",
+        "90",
+        "91",
+        "92",
+        "93",
+        "94",
+        "95",
+        "98",
+    ]
+)
+_HIDDEN = "***"
+
+
+def mask_recipient(value: str) -> str:
+    """Enough of a recipient to tell two apart in a log, not enough to reach them.
+
+    ``ann@example.com`` -> ``a***@example.com``; ``+14155550100`` -> ``+1***0100`` (country
+    code and last four digits); ``https://hooks.example.com/T0/secret`` ->
+    ``https://hooks.example.com/***``; anything else (a push token) -> its first character and
+    ``***``.
+    """
+    value = value.strip()
+    if not value:
+        return value
+    if "://" in value:
+        return _mask_url(value)
+    if "@" in value:
+        local, _, domain = value.rpartition("@")
+        return f"{local[:1]}{_HIDDEN}@{domain}"
+    if _PHONE_LIKE.fullmatch(value):
+        return _mask_phone(value)
+    return f"{value[:1]}{_HIDDEN}"
+
+
+def scrub(text: str) -> str:
+    """``text`` with every URL, email address and E.164 number in it masked."""
+    text = _URL.sub(lambda m: _mask_url(m[0]), text)
+    text = _EMAIL.sub(lambda m: mask_recipient(m[0]), text)
+    return _PHONE.sub(lambda m: _mask_phone(m[0]), text)
+
+
+def _mask_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname or ""
+    except ValueError:
+        return f"{value.split(':', 1)[0]}://{_HIDDEN}"
+    return f"{parts.scheme}://{host}/{_HIDDEN}"
+
+
+def _mask_phone(value: str) -> str:
+    digits = re.sub(r"\D", "", value)
+    if len(digits) < 8:
+        return f"{value[:1]}{_HIDDEN}"
+    if digits[0] in "17":
+        code = digits[:1]
+    elif digits[:2] in _TWO_DIGIT_CODES:
+        code = digits[:2]
+    else:
+        code = digits[:3]
+    plus = "+" if value.startswith("+") else ""
+    return f"{plus}{code}{_HIDDEN}{digits[-4:]}"
+
+
+#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, with the record's ``extra`` fields as keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": scrub(record.getMessage()),
+            "process": record.process,
+        }
+        for key, value in record.__dict__.items():
+            if key in _STANDARD or key.startswith("_") or key in entry:
+                continue
+            entry[key] = _safe(key, value)
+        if record.exc_info:
+            entry["exc_info"] = scrub(self.formatException(record.exc_info))
+        if record.stack_info:
+            entry["stack_info"] = scrub(self.formatStack(record.stack_info))
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def _safe(key: str, value: object) -> object:
+    """A JSON-ready copy of an ``extra`` value, its strings masked."""
+    if isinstance(value, str):
+        return mask_recipient(value) if key.endswith("recipient") else scrub(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _safe(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        item_key = key.removesuffix("s")  # the items of "recipients" are recipients
+        return [_safe(item_key, v) for v in value]
+    return scrub(str(value))
+
+
+class MaskingFormatter(logging.Formatter):
+    """Another formatter's plain-text line, with recipients masked."""
+
+    def __init__(self, inner: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(self.inner.format(record))
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def formatter(settings: Settings, current: logging.Formatter | None = None) -> logging.Formatter:
+    """The formatter for ``settings.log_format``; text keeps ``current``'s layout."""
+    if settings.log_format == "json":
+        return JsonFormatter()
+    if isinstance(current, MaskingFormatter):
+        return current
+    return MaskingFormatter(current)
+
+
+def configure(
+    settings: Settings,
+    logger: logging.Logger | None = None,
+    *,
+    stream: IO[str] | None = None,
+    level: int = logging.INFO,
+) -> None:
+    """Apply ``settings.log_format`` and masking.
+
+    With ``logger`` (Celery's, from its ``after_setup_*logger`` signals), its existing handlers
+    get the new formatter. Without, the root logger gets one handler writing to ``stream``
+    (stderr), replacing the one a previous call installed.
+    """
+    if logger is not None:
+        for existing in logger.handlers:
+            existing.setFormatter(formatter(settings, existing.formatter))
+        return
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    handler = _Handler(stream)
+    handler.setFormatter(formatter(settings))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+class _Handler(logging.StreamHandler[Any]):
+    """The command line's handler: to ``stream``, or to whatever ``sys.stderr`` is at the time
+    of each record (tests swap it)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._own = stream
+        super().__init__(stream)
+
+    @property
+    def stream(self) -> Any:
+        return self._own or sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        return

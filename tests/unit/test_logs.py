@@ -1,0 +1,156 @@
+"""Log lines: the JSON formatter's output parses, carries ``extra`` fields and masks recipients."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from notifier import logs
+from notifier.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("recipient", "masked"),
+    [
+        ("ann@example.com", "a***@example.com"),
+        ("  bob.smith+tag@mail.example.org ", "b***@mail.example.org"),
+        ("+14155550100", "+1***0100"),
+        ("+447700900123", "+44***0123"),
+        ("+353861234567", "+353***4567"),
+        ("https://hooks.example.com/T0/B1/secret?token=x", "https://hooks.example.com/***"),
+        ("https://user:pw@hooks.example.com:8443/x", "https://hooks.example.com/***"),
+        ("fcm-token-abc123:APA91b", "f***"),
+        ("", ""),
+    ],
+)
+def test_mask_recipient(recipient: str, masked: str) -> None:
+    assert logs.mask_recipient(recipient) == masked
+
+
+def test_scrub_masks_recipients_inside_free_text() -> None:
+    text = (
+        "send to ann@example.com failed; POST https://hooks.example.com/abc/secret refused;"
+        " sms +14155550100 queued at 2026-11-30T10:00:00+00:00 (id 12345678)"
+    )
+    assert logs.scrub(text) == (
+        "send to a***@example.com failed; POST https://hooks.example.com/*** refused;"
+        " sms +1***0100 queued at 2026-11-30T10:00:00+00:00 (id 12345678)"
+    )
+
+
+def _record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("notifier.dispatch", logging.INFO, __file__, 1, msg, args, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_the_batch_summary_is_one_json_object_with_its_fields() -> None:
+    extra = {
+        "event": "batch",
+        "claimed": 100,
+        "sent": 97,
+        "retried": 2,
+        "dead": 1,
+        "cancelled": 0,
+        "released": 0,
+        "stale": 0,
+        "took": 0.412,
+    }
+    line = logs.JsonFormatter().format(
+        _record("batch claimed=%d sent=%d took=%.3fs", 100, 97, 0.412, **extra)
+    )
+    entry = json.loads(line)
+    assert "\n" not in line
+    assert entry["message"] == "batch claimed=100 sent=97 took=0.412s"
+    assert {k: entry[k] for k in extra} == extra
+    assert (entry["level"], entry["logger"]) == ("INFO", "notifier.dispatch")
+    assert entry["ts"].endswith("+00:00")
+
+
+def test_json_masks_recipient_fields_messages_and_tracebacks() -> None:
+    try:
+        raise ConnectionError("could not reach https://hooks.example.com/secret/path")
+    except ConnectionError:
+        record = logging.LogRecord(
+            "notifier.providers",
+            logging.ERROR,
+            __file__,
+            1,
+            "send to %s failed",
+            ("ann@example.com",),
+            exc_info=sys.exc_info(),
+        )
+    record.__dict__.update(
+        recipient="+14155550100",
+        recipients=["bob@example.com", "https://x.example.net/t"],
+        detail={"to": "carol@example.com", "n": 3},
+    )
+    line = logs.JsonFormatter().format(record)
+    entry = json.loads(line)
+    assert entry["message"] == "send to a***@example.com failed"
+    assert entry["recipient"] == "+1***0100"
+    assert entry["recipients"] == ["b***@example.com", "https://x.example.net/***"]
+    assert entry["detail"] == {"to": "c***@example.com", "n": 3}
+    assert "ConnectionError" in entry["exc_info"]
+    for secret in ("ann@", "4155550100", "/secret/path", "bob@", "carol@"):
+        assert secret not in line
+
+
+@pytest.fixture
+def restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_root")
+def test_configure_gives_the_command_line_json_or_masked_text() -> None:
+    out = io.StringIO()
+    logs.configure(Settings(log_format="json"), stream=out)
+    logs.configure(Settings(log_format="json"), stream=out)  # again: still one handler
+    logging.getLogger("notifier.test").warning("to %s", "ann@example.com", extra={"n": 1})
+    (line,) = out.getvalue().splitlines()
+    assert json.loads(line) | {"ts": None, "process": None} == {
+        "ts": None,
+        "process": None,
+        "level": "WARNING",
+        "logger": "notifier.test",
+        "message": "to a***@example.com",
+        "n": 1,
+    }
+
+    out = io.StringIO()
+    logs.configure(Settings(log_format="text"), stream=out)
+    logging.getLogger("notifier.test").warning("to %s", "ann@example.com")
+    assert out.getvalue().rstrip().endswith("WARNING notifier.test: to a***@example.com")
+
+
+def test_configure_reformats_the_handlers_celery_set_up() -> None:
+    """What the ``after_setup_logger`` signal handler does with Celery's logger."""
+    logger = logging.Logger("celery-like")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("[%(levelname)s/%(processName)s] %(message)s"))
+    logger.addHandler(handler)
+
+    logs.configure(Settings(log_format="text"), logger)
+    logs.configure(Settings(log_format="text"), logger)  # not wrapped twice
+    logger.warning("webhook https://hooks.example.com/s3cret refused")
+    assert out.getvalue() == "[WARNING/MainProcess] webhook https://hooks.example.com/*** refused\n"
+
+    logs.configure(Settings(log_format="json"), logger)
+    logger.info("batch", extra={"claimed": 3})
+    entry = json.loads(out.getvalue().splitlines()[-1])
+    assert (entry["message"], entry["claimed"]) == ("batch", 3)
+
+
+def test_an_unknown_log_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="log_format"):
+        Settings(log_format="xml")
