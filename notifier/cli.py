@@ -1,4 +1,4 @@
-"""The ``notifier`` command: ``migrate``, ``send``, ``cancel``, ``stats``, ``health``."""
+"""The ``notifier`` command; operators' commands are in ``ops_cli``, campaigns' in ``campaign_cli``."""
 
 from __future__ import annotations
 
