@@ -1,4 +1,4 @@
-"""The ``notifier`` command; operators' commands are in ``ops_cli``, campaigns' in ``campaign_cli``."""
+"""The `notifier` command; operator commands live in ops_cli, campaign ones in campaign_cli."""
 
 from __future__ import annotations
 
