@@ -41,7 +41,15 @@ from notifier import store
 from notifier.guards import GuardError, Skip
 from notifier.models import Notification
 from notifier.outcomes import Cancelled, Plan, Result, attempts_of, plan
-from notifier.providers import InvalidNotification, Permanent, Registry, Retry
+from notifier.providers import (
+    InvalidNotification,
+    Permanent,
+    Registry,
+    Retry,
+    chains,
+    parse_failover,
+    provider_name,
+)
 from notifier.retry import RetryPolicy
 from notifier.settings import Settings
 from notifier.validation import check_common
@@ -133,8 +141,11 @@ class Dispatcher:
         self.guards = guards if guards is not None else guards_module.registry_of([])
         self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
+        self._chains = chains(registry, parse_failover(settings.failover))
         self._pool: ThreadPoolExecutor | None = None
         self._durations: dict[int, float] = {}
+        #: the provider that answered each row's send, for the history and the metrics
+        self._used: dict[int, str] = {}
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -250,8 +261,9 @@ class Dispatcher:
         decided = plan(attempted, results, self.policy, self.clock())
         for channel, seconds in decided.throttled.items():
             self._block(channel, seconds)
-        history = attempts_of(attempted, decided, self._durations)
+        history = attempts_of(attempted, decided, self._durations, self._used)
         self._durations.clear()
+        self._used.clear()
         report.stale += len(results) - self._record(token, decided, history)
         self.observe(history)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
@@ -260,10 +272,11 @@ class Dispatcher:
 
     def _check(self, n: Notification) -> Result | None:
         """Why the row cannot be sent now, found without any network call; None if it can."""
-        provider = self.registry.get(n.channel)
-        if provider is None:
-            known = ", ".join(sorted(self.registry)) or "none"
+        chain = self._chains.get(n.channel)
+        if not chain:
+            known = ", ".join(sorted(self._chains)) or "none"
             return Permanent(f"unknown channel {n.channel!r}; this deployment serves: {known}")
+        provider = chain[0]
         try:
             if not isinstance(n.payload, dict):
                 raise InvalidNotification(
@@ -339,7 +352,7 @@ class Dispatcher:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
 
     def _inline(self, n: Notification) -> bool:
-        return n.guard is None and bool(getattr(self.registry[n.channel], "inline", False))
+        return n.guard is None and bool(getattr(self._chains[n.channel][0], "inline", False))
 
     def _still_wanted(
         self, token: UUID, rows: list[Notification], report: BatchReport
@@ -416,11 +429,25 @@ class Dispatcher:
             objection = self._ask_guard(token, n)
             if objection is not None:
                 return objection
-        try:
-            return self.registry[n.channel].send(n)
-        except Exception as exc:  # a provider bug must not lose the batch's other outcomes
-            log.exception("provider %s raised on notification %d", n.channel, n.id)
-            return Retry(f"{n.channel} provider raised {type(exc).__name__}: {exc}")
+        chain = self._chains[n.channel]
+        outcome: Result = Retry("no provider was tried")
+        failed: list[str] = []
+        for provider in chain:
+            name = provider_name(provider)
+            self._used[n.id] = name
+            try:
+                outcome = provider.send(n)
+            except Exception as exc:  # a provider bug must not lose the batch's other outcomes
+                log.exception("provider %s raised on notification %d", name, n.id)
+                outcome = Retry(f"{name} provider raised {type(exc).__name__}: {exc}")
+            if not isinstance(outcome, Retry) or provider is chain[-1]:
+                break
+            # A transient failure: the next provider of the channel gets the row before it
+            # counts as a failed attempt.
+            failed.append(f"{name}: {outcome.error}")
+        if failed and isinstance(outcome, Retry):
+            return Retry("; ".join([*failed, f"{self._used[n.id]}: {outcome.error}"]))
+        return outcome
 
     def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
         """The guard's objection as a result, or ``None`` if the row may be sent now."""

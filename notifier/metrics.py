@@ -36,16 +36,16 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def record(client: redis.Redis, attempts: Sequence[store.Attempt]) -> None:
-    """Count one batch's attempts; the provider is the channel's until failover names one."""
+    """Count one batch's attempts, by channel, provider and outcome."""
     if not attempts:
         return
-    counts = Counter(f"{a.channel}|{a.channel}|{a.outcome}" for a in attempts)
+    counts = Counter(f"{a.channel}|{a.provider or a.channel}|{a.outcome}" for a in attempts)
     latency: Counter[str] = Counter()
     sums: dict[str, float] = defaultdict(float)
     for a in attempts:
         if a.duration_ms is None:
             continue
-        label = f"{a.channel}|{a.channel}"
+        label = f"{a.channel}|{a.provider or a.channel}"
         seconds = a.duration_ms / 1000
         index = bisect.bisect_left(BUCKETS, seconds)
         latency[f"{label}|{BUCKETS[index] if index < len(BUCKETS) else '+Inf'}"] += 1

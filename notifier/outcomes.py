@@ -85,7 +85,10 @@ def plan(
 
 
 def attempts_of(
-    rows: Sequence[Notification], decided: Plan, durations: Mapping[int, float]
+    rows: Sequence[Notification],
+    decided: Plan,
+    durations: Mapping[int, float],
+    providers: Mapping[int, str],
 ) -> list[Attempt]:
     """The history entries of a batch's attempts, from its plan."""
     outcome: dict[int, tuple[str, str | None]] = {}
@@ -104,5 +107,6 @@ def attempts_of(
         kind, error = outcome[n.id]
         seconds = durations.get(n.id)
         ms = None if seconds is None else round(seconds * 1000)
-        history.append(Attempt(n.id, n.attempts, n.channel, kind, error, ms))
+        provider = providers.get(n.id)
+        history.append(Attempt(n.id, n.attempts, n.channel, kind, error, ms, provider))
     return history

@@ -152,6 +152,11 @@ class Settings(BaseSettings):
         parse_overrides(value)  # refuse a malformed spec at start-up, not at the first send
         return value
 
+    failover: str = ""
+    """Providers of a channel tried in order when one fails transiently, by provider name:
+    ``email=email,email_backup;sms=sms,sms_backup``. A channel not named here is served by
+    the provider named like it."""
+
     rate_limits: str = ""
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""
@@ -224,6 +229,14 @@ class Settings(BaseSettings):
         if not url.startswith("postgresql+psycopg://"):
             raise ValueError("must be a postgresql:// or postgresql+psycopg:// URL")
         return url
+
+    @field_validator("failover")
+    @classmethod
+    def _parse_failover(cls, value: str) -> str:
+        from notifier.providers import parse_failover  # here, not at the top: an import cycle
+
+        parse_failover(value)
+        return value
 
     @field_validator("rate_limits")
     @classmethod

@@ -448,6 +448,8 @@ class Attempt:
     outcome: str
     error: str | None
     duration_ms: int | None
+    #: the provider that answered, when one was called
+    provider: str | None = None
 
 
 def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) -> None:

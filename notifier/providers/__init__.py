@@ -28,22 +28,64 @@ __all__ = [
     "Registry",
     "Retry",
     "Sent",
+    "chains",
     "load_registry",
+    "parse_failover",
+    "provider_name",
     "registry_of",
 ]
 
 Registry = plugins.Registry[Provider]
 
 
-def _channel(provider: Provider) -> str:
-    return provider.channel
+def provider_name(provider: Provider) -> str:
+    """A provider's own name: its ``name`` attribute, or its channel's when it has none."""
+    return str(getattr(provider, "name", provider.channel))
 
 
 def registry_of(providers: Iterable[Provider]) -> Registry:
-    """A registry holding exactly these providers."""
-    return plugins.Registry(_channel, providers)
+    """A registry holding exactly these providers, by name."""
+    return plugins.Registry(provider_name, providers)
 
 
 def load_registry() -> Registry:
     """Instantiate every provider registered under the ``notifier.providers`` entry points."""
-    return plugins.load(ENTRY_POINT_GROUP, _channel)
+    return plugins.load(ENTRY_POINT_GROUP, provider_name)
+
+
+def parse_failover(text: str) -> dict[str, list[str]]:
+    """``email=email,email_backup;sms=sms,sms_backup`` -> provider names by channel, in order."""
+    chains: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, names = part.partition("=")
+        providers = [n.strip() for n in names.split(",") if n.strip()]
+        if not sep or not channel.strip() or not providers:
+            raise ValueError(
+                f"{part!r} is not channel=provider,provider..., e.g. email=email,email_backup"
+            )
+        chains[channel.strip()] = providers
+    return chains
+
+
+def chains(registry: Registry, failover: dict[str, list[str]]) -> dict[str, list[Provider]]:
+    """The providers of each channel in the order they are tried.
+
+    A channel without a failover entry is served by the provider named like it. Refuses a
+    failover entry naming a provider that is not installed or serves another channel.
+    """
+    result: dict[str, list[Provider]] = {}
+    for name, provider in registry.items():
+        if name == provider.channel:
+            result[provider.channel] = [provider]
+    for channel, names in failover.items():
+        missing = [n for n in names if n not in registry]
+        if missing:
+            raise ValueError(
+                f"NOTIFIER_FAILOVER names providers that are not installed: {', '.join(missing)}"
+                f" (installed: {', '.join(sorted(registry))})"
+            )
+        wrong = [n for n in names if registry[n].channel != channel]
+        if wrong:
+            raise ValueError(f"NOTIFIER_FAILOVER: {', '.join(wrong)} do not serve {channel!r}")
+        result[channel] = [registry[n] for n in names]
+    return result
