@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import campaign_cli, client, health, logs, metrics, ops_cli, store
+from notifier import campaign_cli, client, content_cli, health, logs, metrics, ops_cli, store
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_metrics)
 
     ops_cli.add_parsers(sub)
+    content_cli.add_parsers(sub)
     return parser
 
 

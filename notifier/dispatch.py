@@ -38,6 +38,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from notifier import guards as guards_module
 from notifier import store
+from notifier.content import Content
 from notifier.guards import GuardError, Skip
 from notifier.models import Notification
 from notifier.outcomes import Cancelled, Plan, Result, attempts_of, plan
@@ -125,6 +126,7 @@ class Dispatcher:
         guards: guards_module.Registry | None = None,
         limiter: Limiter | None = None,
         observe: Callable[[list[store.Attempt]], None] = lambda attempts: None,
+        content: Content | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -141,6 +143,7 @@ class Dispatcher:
         self.guards = guards if guards is not None else guards_module.registry_of([])
         self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
+        self.content = content if content is not None else Content(engine, settings)
         self._chains = chains(registry, parse_failover(settings.failover))
         self._pool: ThreadPoolExecutor | None = None
         self._durations: dict[int, float] = {}
@@ -245,9 +248,10 @@ class Dispatcher:
     ) -> None:
         # Looked at again right before sending: a producer may have cancelled since the claim.
         rows = self._still_wanted(token, claimed, report)
-        results: dict[int, Result] = {}
+        # Templates rendered, suppressed recipients and staging overrides applied.
+        prepared, results = self._write(lambda c: self.content.prepare(rows, c))
         ready: list[Notification] = []
-        for n in rows:
+        for n in prepared:
             early = self._check(n)
             if early is None:
                 ready.append(n)
@@ -264,7 +268,7 @@ class Dispatcher:
         history = attempts_of(attempted, decided, self._durations, self._used)
         self._durations.clear()
         self._used.clear()
-        report.stale += len(results) - self._record(token, decided, history)
+        report.stale += len(results) - self._record(token, decided, history, rows, results)
         self.observe(history)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
         report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
@@ -477,7 +481,14 @@ class Dispatcher:
     def _release(self, token: UUID, ids: list[int]) -> int:
         return self._write(lambda c: store.release(c, token, ids))
 
-    def _record(self, token: UUID, decided: Plan, history: list[store.Attempt]) -> int:
+    def _record(
+        self,
+        token: UUID,
+        decided: Plan,
+        history: list[store.Attempt],
+        rows: list[Notification],
+        results: dict[int, Result],
+    ) -> int:
         recording = self.settings.record_attempts
         durations = {a.id: a.duration_ms for a in history if a.outcome == "sent"}
 
@@ -494,6 +505,7 @@ class Dispatcher:
             if recording:
                 others = [a for a in history if a.outcome != "sent"]
                 store.record_attempts(c, self.worker, others)
+            self.content.record_suppressions(c, rows, results)
             return changed
 
         return self._write(statements)

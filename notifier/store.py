@@ -24,7 +24,8 @@ from notifier.settings import get_settings
 
 _RETURNING = """
     n.id, n.channel, n.recipient, n.subject, n.body, n.payload, n.attempts, n.max_attempts,
-    n.claim_token, n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at
+    n.claim_token, n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at,
+    n.template, n.locale
 """
 
 CLAIM_DUE = text(
@@ -589,4 +590,6 @@ def _notification(row: Row[Any]) -> Notification:
         priority=row.priority,
         guard=row.guard,
         expires_at=row.expires_at,
+        template=row.template,
+        locale=row.locale,
     )

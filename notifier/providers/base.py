@@ -35,6 +35,9 @@ class Retry:
 @dataclass(frozen=True, slots=True)
 class Permanent:
     error: str
+    #: the recipient itself is refused for good (an SMTP mailbox that does not exist), so the
+    #: dispatcher adds it to the suppression list and nothing is sent to it again
+    suppress: bool = False
 
 
 Outcome = Sent | Retry | Permanent

@@ -2,7 +2,9 @@
 
 Replies are classified by their code: 4xx asks to try later, 5xx refuses for good. Anything that
 is the server's or the deployment's fault (network, timeout, TLS, login) is a ``Retry``, so an
-operator can fix it before the rows run out of attempts.
+operator can fix it before the rows run out of attempts. A 5xx reply to ``RCPT TO`` that says the
+mailbox itself is bad (see ``_mailbox_gone``) is a ``Permanent(suppress=True)``: the recipient
+goes on the suppression list.
 
 Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
 every attempt, so a receiver can drop the duplicate a retry may cause.
@@ -31,6 +33,11 @@ _POLICY = SMTP_POLICY.clone(cte_type="7bit")
 _ADDRESS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _HEADER_NAME = re.compile(r"[!-9;-~]+")  # RFC 5322 field-name: printable ASCII except ':'
 _RESERVED = frozenset({"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version"})
+# RFC 3463 enhanced status code at the start of a reply's text, e.g. "5.1.1".
+_ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.(\d{1,3})(?!\d)")
+# Basic RCPT replies that mean the mailbox is unusable when no enhanced code says otherwise:
+# 550 mailbox unavailable, 551 user not local, 553 mailbox name not allowed.
+_MAILBOX_CODES = frozenset({550, 551, 553})
 
 
 class EmailProvider:
@@ -94,10 +101,12 @@ class EmailProvider:
             conn, code, reply = self._begin()
         except (smtplib.SMTPException, OSError) as exc:
             return self._trouble(exc)
+        at_rcpt = False
         try:
             if code == 250:
                 code, reply = conn.rcpt(notification.recipient)
-                if code in (250, 251):
+                at_rcpt = code not in (250, 251)
+                if not at_rcpt:
                     code, reply = _data(conn, content)
                     if code == 250:
                         self._put_back(conn)
@@ -109,7 +118,7 @@ class EmailProvider:
             self._discard(conn)
             raise
         self._reset(conn, code)
-        return _refused(code, reply)
+        return _refused(code, reply, at_rcpt=at_rcpt)
 
     def close(self) -> None:
         with self._lock:
@@ -295,9 +304,28 @@ def _data(conn: smtplib.SMTP, content: bytes) -> tuple[int, bytes]:
         return exc.smtp_code, error if isinstance(error, bytes) else error.encode()
 
 
-def _refused(code: int, reply: bytes) -> Outcome:
+def _refused(code: int, reply: bytes, *, at_rcpt: bool = False) -> Outcome:
     text = f"SMTP {_reply_text(code, reply)}"
-    return Permanent(truncate(text)) if 500 <= code < 600 else Retry(truncate(text))
+    if 500 <= code < 600:
+        return Permanent(truncate(text), suppress=at_rcpt and _mailbox_gone(code, reply))
+    return Retry(truncate(text))
+
+
+def _mailbox_gone(code: int, reply: bytes) -> bool:
+    """Whether a 5xx reply to ``RCPT TO`` refuses the mailbox itself, not this message or us.
+
+    An enhanced status code decides when there is one: ``5.1.x`` (bad mailbox, bad domain, bad
+    address syntax, moved) condemns the address, except ``5.1.7``/``5.1.8``, which are about
+    *our* sender address (Postfix, by default, delays such rejections until ``RCPT TO``).
+    ``550 5.7.1`` (relaying denied, our IP on a blocklist) or ``552 5.2.2`` (mailbox full) say
+    nothing lasting about the recipient. Without an enhanced code, 550, 551 and 553 do.
+    Suppressing too eagerly stops mail to a real person for good, so nothing else is.
+    """
+    enhanced = _ENHANCED.match(reply)
+    if enhanced is not None:
+        kind, subject, detail = enhanced.groups()
+        return kind == b"5" and subject == b"1" and detail not in (b"7", b"8")
+    return code in _MAILBOX_CODES
 
 
 def _reply_text(code: int, reply: bytes | str) -> str:

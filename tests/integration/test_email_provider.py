@@ -161,7 +161,10 @@ def test_message_id_domain_falls_back_when_email_from_has_none(
     ("rcpt_reply", "data_reply", "expected"),
     [
         pytest.param(
-            "550 5.1.1 no such user", None, Permanent("SMTP 550 5.1.1 no such user"), id="rcpt-550"
+            "550 5.1.1 no such user",
+            None,
+            Permanent("SMTP 550 5.1.1 no such user", suppress=True),
+            id="rcpt-550",
         ),
         pytest.param("451 4.3.0 try later", None, Retry("SMTP 451 4.3.0 try later"), id="rcpt-451"),
         pytest.param(

@@ -1,0 +1,343 @@
+"""What a claimed row becomes right before it is sent: suppressed, rendered, redirected.
+
+``Content.prepare`` takes a batch after the claim and before the checks and sends:
+
+1. **Suppression.** A row whose (channel, recipient) is in ``suppressions`` is ``cancelled``
+   with ``last_error`` ``suppressed: <the entry's reason>`` and never reaches its provider.
+   Producers add entries with plain SQL::
+
+       INSERT INTO suppressions (channel, recipient, reason)
+       VALUES ('email', 'ann@example.com', 'unsubscribed')
+       ON CONFLICT (channel, recipient) DO NOTHING;
+
+   and ``DELETE FROM suppressions WHERE ...`` lifts one. notifier adds one itself when a
+   provider refuses the recipient for good (``Permanent(suppress=True)``: an SMTP ``RCPT TO``
+   answered ``550 5.1.1``), through ``Content.record_suppressions``. Recipients match exactly as
+   written in the row.
+
+2. **Templates.** A row may name a ``template`` (and a ``locale``) instead of carrying its
+   subject and body. The template's subject, body and html are rendered with Jinja2 in a
+   sandbox, from the row's ``payload`` plus ``recipient`` (a payload key of that name wins).
+   Payload values are data: template syntax inside them is printed as written, never run. The
+   html part is autoescaped, the text parts are not; rendered html goes to ``payload.html``. A
+   part the template lacks keeps the row's own value. The locale falls back from the row's
+   (``de-AT``) to its language (``de``) to ``NOTIFIER_DEFAULT_LOCALE`` (``en``). No template,
+   a variable the payload lacks, or a template that does not compile makes the row ``dead``
+   with a reason that names it.
+
+3. **Overrides** (staging). With ``NOTIFIER_OVERRIDE_RECIPIENTS`` (``email=qa@example.com``)
+   every row of a listed channel goes to that recipient instead; the row keeps its own in the
+   database, and the provider gets it as ``payload.original_recipient``.
+
+Rows with no template, no suppression entry and no override come back as they were: a batch of
+them costs one query, whatever its size. Templates are cached per process for
+``TEMPLATE_CACHE_SECONDS``, so an edited template reaches every worker within that time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from sqlalchemy import Connection, Engine
+
+from notifier import content_store
+from notifier.models import Notification
+from notifier.outcomes import Cancelled, Result
+from notifier.providers.base import Permanent
+from notifier.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: How long a worker uses a template it read before reading it again.
+TEMPLATE_CACHE_SECONDS = 30.0
+
+# Two environments because autoescaping belongs to the html part only: escaping a plain-text
+# body would put "&amp;" into it. Both sandboxed (no access to internals, bounded ranges),
+# immutable (a template cannot change the payload it reads, which is also the one sent), and
+# strict (a missing variable is an error, not an empty string in a sent message).
+_TEXT = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+_HTML = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=True)
+
+_LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
+_UNDEFINED = re.compile(r"'([^']*)' is undefined")
+
+
+class TemplateProblem(Exception):
+    """The row's template cannot give it a message; the text is the row's ``last_error``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One template version, compiled once per cache period."""
+
+    name: str
+    channel: str
+    locale: str
+    subject: Template | None
+    body: Template | None
+    html: Template | None
+    #: why it does not compile (it was written behind ``notifier template add``'s back)
+    error: str | None = None
+
+
+def compile_parts(
+    subject: str | None, body: str | None, html: str | None
+) -> tuple[Template | None, Template | None, Template | None]:
+    """Compile each part given; ``ValueError`` naming the part and line if one does not."""
+    compiled: list[Template | None] = []
+    for part, source, env in (
+        ("subject", subject, _TEXT),
+        ("body", body, _TEXT),
+        ("html", html, _HTML),
+    ):
+        try:
+            compiled.append(None if source is None else env.from_string(source))
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"{part} line {exc.lineno}: {exc.message}") from None
+    return compiled[0], compiled[1], compiled[2]
+
+
+def compile_template(
+    name: str, channel: str, locale: str, subject: str | None, body: str | None, html: str | None
+) -> Compiled:
+    """A template that does not compile is kept with its error: the rows that name it die with
+    that reason, and the rest of their batch is sent."""
+    try:
+        parts = compile_parts(subject, body, html)
+    except ValueError as exc:
+        return Compiled(name, channel, locale, None, None, None, error=str(exc))
+    return Compiled(name, channel, locale, *parts)
+
+
+def render(template: Compiled, n: Notification) -> Notification:
+    """``n`` with the template's parts rendered from its payload; raises ``TemplateProblem``."""
+    where = f"template {template.name!r} ({template.channel}, {template.locale})"
+    if template.error is not None:
+        raise TemplateProblem(f"{where} does not compile: {template.error}")
+    values: dict[str, Any] = {"recipient": n.recipient, **n.payload}
+    try:
+        subject = n.subject if template.subject is None else template.subject.render(values)
+        body = n.body if template.body is None else template.body.render(values)
+        html = None if template.html is None else template.html.render(values)
+    except UndefinedError as exc:
+        missing = _UNDEFINED.fullmatch(str(exc))
+        if missing is not None:
+            raise TemplateProblem(
+                f"template {template.name!r} needs {missing.group(1)!r}, which the payload lacks"
+            ) from None
+        raise TemplateProblem(f"{where} needs a value the payload lacks: {exc}") from None
+    except Exception as exc:  # a template's bug must not lose the batch
+        raise TemplateProblem(f"{where} failed: {type(exc).__name__}: {exc}") from None
+    payload = n.payload if html is None else {**n.payload, "html": html}
+    return replace(n, subject=subject, body=body, payload=payload)
+
+
+def normalize_locale(text: str) -> str:
+    """``de_at`` -> ``de-AT``, ``zh-hant-tw`` -> ``zh-Hant-TW``: BCP 47's conventional case,
+    so that rows and templates written either way find each other."""
+    parts = re.split(r"[-_]", text.strip())
+    if not all(_LOCALE_PART.fullmatch(p) for p in parts) or not parts[0].isalpha():
+        raise ValueError(f"{text!r} is not a locale like en, de or de-AT")
+    normalized = [parts[0].lower()]
+    for part in parts[1:]:
+        if len(part) == 2 and part.isalpha():
+            normalized.append(part.upper())
+        elif len(part) == 4 and part.isalpha():
+            normalized.append(part.title())
+        else:
+            normalized.append(part.lower())
+    return "-".join(normalized)
+
+
+def locale_chain(locale: str | None, default: str) -> list[str]:
+    """The locales to look for, most specific first: ``de-AT``, ``de``, then ``default``."""
+    chain: list[str] = []
+    if locale is not None and locale.strip():
+        parts = normalize_locale(locale).split("-")
+        chain = ["-".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    if default not in chain:
+        chain.append(default)
+    return chain
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """``email=qa@example.com;sms=+14155550100`` -> recipient by channel."""
+    overrides: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, recipient = (s.strip() for s in part.partition("="))
+        if not sep or not channel or not recipient:
+            raise ValueError(
+                f"{part!r} is not channel=recipient, e.g. email=qa@example.com;sms=+14155550100"
+            )
+        if channel in overrides:
+            raise ValueError(f"channel {channel!r} is overridden twice")
+        overrides[channel] = recipient
+    return overrides
+
+
+def redirect(n: Notification, overrides: Mapping[str, str]) -> Notification:
+    """``n`` addressed to its channel's override, if there is one."""
+    target = overrides.get(n.channel)
+    if target is None:
+        return n
+    payload = n.payload
+    if isinstance(payload, dict):  # else its check refuses the row; the recipient moves anyway
+        payload = {**payload, "original_recipient": n.recipient}
+    return replace(n, recipient=target, payload=payload)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    read_at: float
+    by_locale: dict[str, Compiled]
+
+
+class Content:
+    """Suppression, templates and overrides for one worker process (see the module docstring).
+
+    Not thread-safe: the dispatcher calls it from the thread that runs its batches.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        *,
+        cache_seconds: float = TEMPLATE_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.default_locale = settings.default_locale
+        self.overrides = parse_overrides(settings.override_recipients)
+        self.cache_seconds = cache_seconds
+        self.clock = clock
+        self._cache: dict[tuple[str, str], _Cached] = {}
+        for channel, recipient in self.overrides.items():
+            log.warning("override: every %s notification goes to %s", channel, recipient)
+
+    def prepare(
+        self, rows: list[Notification], conn: Connection | None = None
+    ) -> tuple[list[Notification], dict[int, Result]]:
+        """The rows to send (rendered, redirected), and the results of those not to send.
+
+        A suppressed row gets ``Cancelled``; a row whose template fails gets ``Permanent``.
+        Rows come back in their order; without anything to do, ``rows`` itself comes back.
+        One query for the batch's suppressions and, unless every template it names is cached,
+        one for its templates: on ``conn`` if given (so the caller can retry it), else on a
+        connection of its own.
+        """
+        if not rows:
+            return rows, {}
+        if conn is None:
+            with self.engine.connect() as own:
+                own.execution_options(isolation_level="AUTOCOMMIT")  # reads only: no BEGIN
+                return self.prepare(rows, own)
+        stopped = content_store.suppressed(conn, {(n.channel, n.recipient) for n in rows})
+        templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
+        if not stopped and not templated and not self.overrides:
+            return rows, {}
+        templates = self._templates(conn, templated) if templated else {}
+        ready: list[Notification] = []
+        results: dict[int, Result] = {}
+        for n in rows:
+            reason = stopped.get((n.channel, n.recipient))
+            if reason is not None:
+                results[n.id] = Cancelled(f"suppressed: {reason}")
+                continue
+            found = templates.get(n.id)
+            if found is not None:
+                try:
+                    if isinstance(found, str):
+                        raise TemplateProblem(found)
+                    n = render(found, n)
+                except TemplateProblem as exc:
+                    results[n.id] = Permanent(str(exc))
+                    continue
+            ready.append(redirect(n, self.overrides) if self.overrides else n)
+        return ready, results
+
+    def record_suppressions(
+        self, conn: Connection, rows: Sequence[Notification], results: Mapping[int, Result]
+    ) -> int:
+        """Suppress the recipients a provider refused for good (``Permanent(suppress=True)``);
+        how many were new. ``rows`` may be as claimed or as prepared: the address suppressed is
+        the one the message went to, the override's when there is one."""
+        entries = [
+            (
+                n.channel,
+                self.overrides.get(n.channel, n.recipient),
+                f"hard bounce ({outcome.error})",
+            )
+            for n in rows
+            if isinstance(outcome := results.get(n.id), Permanent) and outcome.suppress
+        ]
+        if not entries:
+            return 0
+        added = content_store.suppress_many(conn, entries)
+        if added:
+            log.info("suppressed %d recipients after hard bounces", added)
+        return added
+
+    def _templates(self, conn: Connection, rows: list[Notification]) -> dict[int, Compiled | str]:
+        """Each templated row's template, or why it has none.
+
+        Served from the cache while it is fresh. A row the cache cannot serve (not read yet,
+        stale, or no locale of its chain) has its template read again, all locales at once, in
+        one query for the batch: a template added a moment ago is found, not reported missing.
+        """
+        now = self.clock()
+        chains: dict[int, list[str]] = {}
+        found: dict[int, Compiled | str] = {}
+        for n in rows:
+            try:
+                chains[n.id] = locale_chain(n.locale, self.default_locale)
+            except ValueError as exc:
+                found[n.id] = f"invalid notification: locale: {exc}"
+
+        def cached(n: Notification) -> Compiled | None:
+            entry = self._cache.get((n.template or "", n.channel))
+            if entry is None or now - entry.read_at >= self.cache_seconds:
+                return None
+            return next((entry.by_locale[c] for c in chains[n.id] if c in entry.by_locale), None)
+
+        missing = {(n.template or "", n.channel) for n in rows if n.id in chains and not cached(n)}
+        if missing:
+            self._read(conn, missing, now)
+        for n in rows:
+            if n.id in chains:
+                found[n.id] = cached(n) or _no_template(n, chains[n.id])
+        return found
+
+    def _read(self, conn: Connection, keys: set[tuple[str, str]], now: float) -> None:
+        fresh = {key: _Cached(now, {}) for key in keys}
+        for row in content_store.templates_of(conn, keys):
+            locale = _stored_locale(row.locale)
+            fresh[(row.name, row.channel)].by_locale[locale] = compile_template(
+                row.name, row.channel, locale, row.subject, row.body, row.html
+            )
+        self._cache = {
+            key: entry
+            for key, entry in self._cache.items()
+            if now - entry.read_at < self.cache_seconds
+        }
+        self._cache.update(fresh)
+
+
+def _no_template(n: Notification, chain: list[str]) -> str:
+    locales = chain[0] if len(chain) == 1 else f"{', '.join(chain[:-1])} or {chain[-1]}"
+    return f"no template {n.template!r} for channel {n.channel} in locale {locales}"
+
+
+def _stored_locale(locale: str) -> str:
+    """A stored template's locale, normalized like the rows' (it may have been written in SQL)."""
+    try:
+        return normalize_locale(locale)
+    except ValueError:
+        return locale  # matches no row's chain; harmless
