@@ -491,11 +491,16 @@ class Dispatcher:
     ) -> int:
         recording = self.settings.record_attempts
         durations = {a.id: a.duration_ms for a in history if a.outcome == "sent"}
+        providers = {a.id: a.provider for a in history if a.provider is not None}
 
         def statements(c: Connection) -> int:
             changed = (
                 store.mark_sent(
-                    c, token, decided.sent, (self.worker, durations) if recording else None
+                    c,
+                    token,
+                    decided.sent,
+                    providers,
+                    (self.worker, durations) if recording else None,
                 )
                 + store.schedule_retry(c, token, decided.retries)
                 + store.defer(c, token, decided.deferred)

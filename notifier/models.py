@@ -106,6 +106,7 @@ notifications = Table(
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("last_error", Text),
     Column("provider_message_id", Text),
+    Column("provider", Text),
     Column("rescues", Integer, nullable=False, server_default=text("0")),
     Column("claim_token", PgUUID(as_uuid=True)),
     Column("claimed_by", Text),
@@ -254,6 +255,7 @@ notification_attempts = Table(
     Column("outcome", Text, nullable=False),
     Column("error", Text),
     Column("duration_ms", Integer),
+    Column("provider", Text),
     CheckConstraint(
         "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued')",
         name="notification_attempts_outcome",

@@ -52,9 +52,9 @@ MARK_SENT = text(
     """
     UPDATE notifications AS n
        SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
-           provider_message_id = v.provider_message_id
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]))
-           AS v(id, provider_message_id)
+           provider_message_id = v.provider_message_id, provider = v.provider
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
+                  CAST(:providers AS text[])) AS v(id, provider_message_id, provider)
      WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
     """
 )
@@ -66,15 +66,16 @@ MARK_SENT_RECORDED = text(
     WITH sent AS (
         UPDATE notifications AS n
            SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
-               provider_message_id = v.provider_message_id
+               provider_message_id = v.provider_message_id, provider = v.provider
           FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
-                      CAST(:durations AS int[])) AS v(id, provider_message_id, duration_ms)
+                      CAST(:providers AS text[]), CAST(:durations AS int[]))
+               AS v(id, provider_message_id, provider, duration_ms)
          WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-        RETURNING n.id, n.attempts, n.channel, v.duration_ms
+        RETURNING n.id, n.attempts, n.channel, v.provider, v.duration_ms
     ), history AS (
         INSERT INTO notification_attempts
-               (notification_id, attempt, worker, channel, outcome, duration_ms)
-        SELECT id, attempts, :worker, channel, 'sent', duration_ms FROM sent
+               (notification_id, attempt, worker, channel, outcome, duration_ms, provider)
+        SELECT id, attempts, :worker, channel, 'sent', duration_ms, provider FROM sent
     )
     SELECT count(*) FROM sent
     """
@@ -185,12 +186,12 @@ RESCUE_EXPIRED = text(
 RECORD_ATTEMPTS = text(
     """
     INSERT INTO notification_attempts
-           (notification_id, attempt, worker, channel, outcome, error, duration_ms)
-    SELECT v.id, v.attempt, :worker, v.channel, v.outcome, v.error, v.duration_ms
+           (notification_id, attempt, worker, channel, outcome, error, duration_ms, provider)
+    SELECT v.id, v.attempt, :worker, v.channel, v.outcome, v.error, v.duration_ms, v.provider
       FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]), CAST(:channels AS text[]),
                   CAST(:outcomes AS text[]), CAST(:errors AS text[]),
-                  CAST(:durations AS int[]))
-           AS v(id, attempt, channel, outcome, error, duration_ms)
+                  CAST(:durations AS int[]), CAST(:providers AS text[]))
+           AS v(id, attempt, channel, outcome, error, duration_ms, provider)
     """
 )
 
@@ -311,9 +312,10 @@ def mark_sent(
     conn: Connection,
     token: UUID,
     sent: Mapping[int, str | None],
+    providers: Mapping[int, str],
     history: tuple[str, Mapping[int, int | None]] | None = None,
 ) -> int:
-    """``processing`` -> ``sent`` for the rows still held by ``token``.
+    """``processing`` -> ``sent`` for the rows still held by ``token``, naming the provider.
 
     With ``history`` (the worker's name and each row's send duration in ms), the attempts are
     appended to ``notification_attempts`` by the same statement.
@@ -324,6 +326,7 @@ def mark_sent(
         "token": token,
         "ids": list(sent),
         "message_ids": list(sent.values()),
+        "providers": [providers.get(i) for i in sent],
     }
     if history is None:
         return _rowcount(conn.execute(MARK_SENT, params))
@@ -467,6 +470,7 @@ def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) 
             "outcomes": [a.outcome for a in attempts],
             "errors": [a.error for a in attempts],
             "durations": [a.duration_ms for a in attempts],
+            "providers": [a.provider for a in attempts],
         },
     )
 

@@ -43,8 +43,8 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
         assert store.rescue_expired(conn) == {"pending": 1, "dead": 0}
         new = uuid.uuid4()
         assert len(store.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
-        assert store.mark_sent(conn, old, {row_id: "late"}) == 0
-        assert store.mark_sent(conn, new, {row_id: "ok"}) == 1
+        assert store.mark_sent(conn, old, {row_id: "late"}, {}) == 0
+        assert store.mark_sent(conn, new, {row_id: "ok"}, {row_id: "null"}) == 1
         row = conn.execute(text("SELECT status, attempts, rescues FROM notifications")).one()
         history = conn.execute(
             text("SELECT attempt, worker, outcome FROM notification_attempts")
