@@ -87,22 +87,33 @@ MISSING_FIELD = text(
     """
 )
 
-# Pairs recipients still without a code with free codes, a chunk at a time, in one statement.
+# Pairs the recipients of one keyset chunk still without a code with free codes taken in code
+# order after :code_after, in one statement. Both sides are index range scans, so every chunk
+# costs the same however far the launch has come.
 ASSIGN_CODES = text(
     """
     WITH r AS (SELECT recipient, row_number() OVER (ORDER BY recipient) AS n
                  FROM campaign_recipients cr
-                WHERE campaign_id = :id
+                WHERE campaign_id = :id AND recipient > :after AND recipient <= :upto
                   AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
-                                   WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
-                ORDER BY recipient LIMIT :chunk),
+                                   WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)),
          k AS (SELECT code, row_number() OVER (ORDER BY code) AS n
                  FROM (SELECT code FROM campaign_codes
-                        WHERE campaign_id = :id AND recipient IS NULL
+                        WHERE campaign_id = :id AND recipient IS NULL AND code > :code_after
                         ORDER BY code LIMIT :chunk) AS free)
     UPDATE campaign_codes AS c SET recipient = r.recipient
       FROM r JOIN k USING (n)
      WHERE c.campaign_id = :id AND c.code = k.code
+    RETURNING c.code
+    """
+)
+
+NEED_CODES = text(
+    """
+    SELECT count(*) FROM campaign_recipients cr
+     WHERE campaign_id = :id AND recipient > :after AND recipient <= :upto
+       AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
+                        WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
     """
 )
 
@@ -317,14 +328,25 @@ def analyze(conn: Connection) -> None:
     conn.execute(text("ANALYZE campaign_recipients, campaign_codes"))
 
 
-def assign_codes(conn: Connection, campaign_id: int, chunk: int) -> int:
-    """Give up to ``chunk`` recipients without a code one free code each; how many got one.
+def assign_codes(
+    conn: Connection, campaign_id: int, after: str, upto: str, code_after: str, chunk: int
+) -> str:
+    """Give the recipients in ``(after, upto]`` still without a code one free code each.
 
-    Two launches of one campaign at once take turns (an advisory lock), so they never pick the
-    same recipients.
+    Codes are taken in order after ``code_after``; returns the last code given, to start the
+    next chunk from. Should the codes after it run short (codes imported later can sort
+    earlier), the chunk is done again from the first free code. Two launches of one campaign at
+    once take turns (an advisory lock), so they never pick the same recipients.
     """
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    return int(conn.execute(ASSIGN_CODES, {"id": campaign_id, "chunk": chunk}).rowcount)
+    for start in (code_after, ""):
+        params = {"id": campaign_id, "after": after, "upto": upto, "chunk": chunk}
+        given = conn.execute(ASSIGN_CODES, {**params, "code_after": start}).scalars().all()
+        if given:
+            code_after = max(max(given), code_after)
+        if not conn.execute(NEED_CODES, params).scalar_one():
+            break
+    return code_after
 
 
 def chunk_end(conn: Connection, campaign_id: int, after: str, chunk: int) -> str | None:

@@ -263,7 +263,13 @@ class Campaigns:
                 )
 
     def _assign_codes(self, campaign: CampaignRow, chunk: int) -> None:
+        after, code_after = "", ""
         while True:
             with self.engine.begin() as conn:
-                if campaign_store.assign_codes(conn, campaign.id, chunk) == 0:
+                upto = campaign_store.chunk_end(conn, campaign.id, after, chunk)
+                if upto is None:
                     return
+                code_after = campaign_store.assign_codes(
+                    conn, campaign.id, after, upto, code_after, chunk
+                )
+            after = upto

@@ -334,10 +334,10 @@ class Dispatcher:
             if ready and time.monotonic() - looked > RECHECK_AFTER:
                 ready = self._still_wanted(token, ready, report)
                 looked = time.monotonic()
-            inline = [n for n in ready if self._inline(n)]
-            for n in inline:  # no I/O: not worth a thread, and done at once
-                results[n.id] = self._timed_send(token, n)
-            if inline:
+            if ready and self._inline(ready[0]):
+                inline = [n for n in ready if self._inline(n)]
+                for n in inline:  # no I/O: not worth a thread, and done at once
+                    results[n.id] = self._timed_send(token, n)
                 ready = [n for n in ready if n.id not in results]
             free = slots - len(waiting)
             for n in ready[:free]:

@@ -17,7 +17,6 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
-    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -112,7 +111,7 @@ notifications = Table(
     Column("claimed_by", Text),
     Column("locked_until", DateTime(timezone=True)),
     Column("guard", Text),
-    Column("campaign_id", BigInteger, ForeignKey("campaigns.id")),
+    Column("campaign_id", BigInteger),
     Column("expires_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
@@ -199,9 +198,7 @@ campaigns = Table(
 campaign_recipients = Table(
     "campaign_recipients",
     metadata,
-    Column(
-        "campaign_id", BigInteger, ForeignKey("campaigns.id", ondelete="CASCADE"), nullable=False
-    ),
+    Column("campaign_id", BigInteger, nullable=False),
     Column("recipient", Text, nullable=False),
     Column("fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     PrimaryKeyConstraint("campaign_id", "recipient"),
@@ -210,9 +207,7 @@ campaign_recipients = Table(
 campaign_codes = Table(
     "campaign_codes",
     metadata,
-    Column(
-        "campaign_id", BigInteger, ForeignKey("campaigns.id", ondelete="CASCADE"), nullable=False
-    ),
+    Column("campaign_id", BigInteger, nullable=False),
     Column("code", Text, nullable=False),
     Column("recipient", Text),
     PrimaryKeyConstraint("campaign_id", "code"),

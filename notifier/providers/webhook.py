@@ -33,8 +33,17 @@ from notifier.settings import Settings, get_settings
 
 MAX_URL_LENGTH = 2048
 ERROR_BODY_BYTES = 1024
-# httpx's defaults, spelled out because the transport is built here (see ``guarded_transport``).
-_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+
+
+def _limits(settings: Settings) -> httpx.Limits:
+    """Keep as many idle connections as sends run at once, so a busy worker reuses them
+    instead of closing and reopening one per send (httpx keeps only 20 by default)."""
+    concurrency = settings.send_concurrency
+    return httpx.Limits(
+        max_connections=max(100, 2 * concurrency),
+        max_keepalive_connections=max(20, concurrency),
+        keepalive_expiry=5.0,
+    )
 
 
 def _user_agent() -> str:
@@ -189,7 +198,7 @@ class WebhookProvider:
         with self._lock:
             if self._client is None:
                 self._client = httpx.Client(
-                    transport=guarded_transport(self._policy, _LIMITS),
+                    transport=guarded_transport(self._policy, _limits(self._settings)),
                     timeout=httpx.Timeout(self._timeout),
                     follow_redirects=False,
                     headers={"User-Agent": _user_agent()},
