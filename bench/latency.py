@@ -55,38 +55,48 @@ How to run it
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
 import platform
 import random
-import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import IO, Any, Literal
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and tests.receiver
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier, bench, tests.receiver
 
 import psycopg
 import redis
 
-from notifier.cli import migrate
+from bench.common import (
+    POSTGRES,
+    Conn,
+    Services,
+    SetupError,
+    celery_ping,
+    drop_databases,
+    flush_redis,
+    git_commit,
+    load,
+    psycopg_url,
+    raise_interrupt,
+    recreate_database,
+    server_settings,
+    service_env,
+    wait_until,
+    waker_listening,
+)
 from tests.receiver import Receiver
 
-REPO = Path(__file__).resolve().parents[1]
 DATABASE = "notifier_bench_latency"
-POSTGRES = os.environ.get("NOTIFIER_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 
 #: Seconds between two inserts of the light-load scenarios: about 20 rows a second.
@@ -108,32 +118,10 @@ WARMUP_SPACING = 0.05
 WARMUP_RECEIVER_DELAY = 0.2
 #: Set-up limits.
 READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 20.0
 #: Targets.
 P95_TARGET_MS = 1000.0
 LATENESS_TARGET_MS = 1000.0
 SEED = 20261129
-#: Celery's log lines of level WARNING and above: ``[... WARNING/MainProcess] ...``.
-_PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL)/")
-
-
-class SetupError(Exception):
-    """The benchmark could not be set up; nothing was measured."""
-
-
-def _psycopg_url(url: str) -> str:
-    """psycopg spells the scheme ``postgresql://``; SQLAlchemy's driver suffix goes."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
-def _sqlalchemy_url(url: str) -> str:
-    """``notifier.cli.migrate`` takes a SQLAlchemy URL; notifier runs on psycopg 3."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
 # --- statistics --------------------------------------------------------------------------------
 
 
@@ -167,95 +155,7 @@ class Result:
         return ranked[:count]
 
 
-# --- the services ------------------------------------------------------------------------------
-
-
-@dataclass
-class Services:
-    """Worker and beat as production runs them, each in a process group of its own."""
-
-    env: dict[str, str]
-    workdir: Path
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    _logs: list[IO[bytes]] = field(default_factory=list)
-
-    def start(self, name: str, *args: str) -> None:
-        log = (self.workdir / f"{name}.log").open("wb")
-        self._logs.append(log)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "notifier", *args],
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us only; we stop them in order
-        )
-        self.procs.append((name, proc))
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                raise SetupError(f"{name} exited with status {proc.returncode}")
-
-    def log(self, name: str) -> str:
-        path = self.workdir / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def stop(self) -> None:
-        """SIGTERM to each main process, as ``docker stop`` does (a worker passes it on to its
-        pool processes); SIGKILL to the process groups of those still there after STOP_TIMEOUT.
-        """
-        try:
-            for _, proc in self.procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            for name, proc in self.procs:
-                try:
-                    proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    print(f"  {name} still running after {STOP_TIMEOUT:.0f}s: SIGKILL")
-        finally:  # also on a second Ctrl-C while waiting
-            for _, proc in self.procs:
-                _signal_group(proc, signal.SIGKILL)  # the pool processes too, if any are left
-                proc.wait()
-            for log in self._logs:
-                log.close()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)  # its own session: the group id is its pid
-
-
-def celery_ping(env: dict[str, str]) -> bool:
-    """True once ``celery inspect ping`` gets an answer from the worker."""
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "notifier", "inspect", "ping", "--timeout=1"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    return done.returncode == 0 and b"pong" in done.stdout
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout: float, what: str, services: Services
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        services.check_alive()
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise SetupError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 # --- producing and reading back ----------------------------------------------------------------
-
-Conn = psycopg.Connection[tuple[Any, ...]]
 
 
 def insert_null(conn: Conn, i: int, delay: float = 0.0) -> int:
@@ -369,63 +269,6 @@ def warm_up(conn: Conn, receiver: Receiver) -> int:
 # --- set-up and report -------------------------------------------------------------------------
 
 
-def setup_database() -> str:
-    """Drop and recreate the benchmark database, migrate it; return its URL."""
-    base = _psycopg_url(POSTGRES).rstrip("/")
-    try:
-        with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=10) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    except psycopg.Error as exc:
-        raise SetupError(f"cannot recreate {DATABASE} on {base}: {exc}") from exc
-    url = f"{base}/{DATABASE}"
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # its "created database ..." lines
-            migrate(_sqlalchemy_url(url))
-    except Exception as exc:
-        raise SetupError(f"cannot migrate {DATABASE}: {exc}") from exc
-    return url
-
-
-def drop_database() -> None:
-    base = _psycopg_url(POSTGRES).rstrip("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=10) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-
-
-def flush_redis() -> None:
-    client = redis.Redis.from_url(REDIS, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        client.flushdb()
-    except redis.RedisError as exc:
-        raise SetupError(f"cannot flush Redis at {REDIS}: {exc}") from exc
-    finally:
-        client.close()
-
-
-def service_env(database_url: str, workdir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
-    env.update(
-        NOTIFIER_DATABASE_URL=database_url,
-        NOTIFIER_REDIS_URL=REDIS,
-        NOTIFIER_WEBHOOK_ALLOW_HTTP="true",
-        NOTIFIER_WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8,::1/128",
-        NOTIFIER_HEARTBEAT_FILE=str(workdir / "heartbeat"),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def waker_listening(conn: Conn) -> bool:
-    """True once a worker's wake-up listener has run its LISTEN on the benchmark database."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-        " AND application_name = 'notifier-wake' AND query ILIKE 'LISTEN%%'",
-        (DATABASE,),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
-
-
 def _fmt(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f}"
 
@@ -462,37 +305,10 @@ def report(results: list[Result], late: Result, command: str, services: list[str
         f" {LATENESS_TARGET_MS / 1000:.0f} s late, {early} early"
         f"{f', {sum(late.unsent.values())} not sent' if late.unsent else ''})"
     )
-    print(f"\nload average at the end: {_load()} (other work on the machine adds to latency)")
+    print(f"\nload average at the end: {load()} (other work on the machine adds to latency)")
     print(f"command: {command}")
     for line in services:
         print(f"  {line}")
-
-
-def _git_commit() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return done.stdout.strip() or "unknown"
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _log_problems(text: str) -> list[str]:
-    return [line for line in text.splitlines() if _PROBLEM.search(line)]
-
-
-def _raise_interrupt(signum: int, _: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -505,19 +321,26 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     try:
         print(
-            f"notifier latency benchmark ({_git_commit()}, Python {platform.python_version()},"
-            f" {os.cpu_count()} CPUs, load average {_load()})"
+            f"notifier latency benchmark ({git_commit()}, Python {platform.python_version()},"
+            f" {os.cpu_count()} CPUs, load average {load()})"
         )
-        print(f"  database {DATABASE} on {_psycopg_url(POSTGRES)}; Redis {REDIS}; logs {workdir}")
-        flush_redis()
+        print(f"  database {DATABASE} on {psycopg_url(POSTGRES)}; Redis {REDIS}; logs {workdir}")
+        flush_redis(REDIS)
         database_touched = True
-        database_url = setup_database()
+        database_url = recreate_database(DATABASE)
         db = conn = psycopg.connect(database_url, autocommit=True)
-        row = db.execute("SHOW server_version").fetchone()
-        print(f"  PostgreSQL {row[0] if row else '?'}")
+        print(f"  PostgreSQL {server_settings(db, ['server_version'])['server_version']}")
 
         receiver = Receiver().start()
-        env = service_env(database_url, workdir)
+        env = service_env(
+            database_url,
+            REDIS,
+            workdir,
+            {
+                "webhook_allow_http": "true",
+                "webhook_allowed_networks": "127.0.0.0/8,::1/128",  # the receiver
+            },
+        )
         services = Services(env, workdir)
         worker_args = ("worker", f"--concurrency={CONCURRENCY}", "--loglevel=WARNING")
         beat_args = ("beat", f"--schedule={workdir / 'celerybeat-schedule'}")
@@ -525,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         services.start("beat", *beat_args)
         started = time.monotonic()
         wait_until(lambda: celery_ping(env), READY_TIMEOUT, "celery inspect ping", services)
-        wait_until(lambda: waker_listening(db), 30, "the wake-up listener", services)
+        wait_until(lambda: waker_listening(db, DATABASE), 30, "the wake-up listener", services)
         print(f"  worker ready after {time.monotonic() - started:.1f}s; warming up ...", flush=True)
 
         url = receiver.url
@@ -564,20 +387,11 @@ def run(args: argparse.Namespace) -> int:
         if repeats:
             print(f"  note: the receiver got {repeats} repeated webhook deliveries")
 
-        celery = shlex.join([sys.executable, "-m", "celery", "-A", "notifier"])
-        report(
-            results,
-            late,
-            command,
-            [
-                f"cd {REPO} && {celery} {shlex.join(worker_args)}",
-                f"cd {REPO} && {celery} {shlex.join(beat_args)}",
-            ],
-        )
+        report(results, late, command, services.commands)
         for name, proc in services.procs:
             if proc.poll() is not None:
                 print(f"\n{name} exited during the run, with status {proc.returncode}")
-        problems = _log_problems(services.log("worker")) + _log_problems(services.log("beat"))
+        problems = services.problems()
         if problems:
             print(f"\n{len(problems)} warning/error lines in the worker and beat logs, e.g.:")
             for line in problems[:5]:
@@ -610,11 +424,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.keep:
             if database_touched:
                 try:
-                    drop_database()
+                    drop_databases([DATABASE])
                 except psycopg.Error as exc:
                     print(f"could not drop {DATABASE}: {exc}", file=sys.stderr)
             try:
-                flush_redis()
+                flush_redis(REDIS)
             except SetupError as exc:
                 print(exc, file=sys.stderr)
         if args.keep or failed:
@@ -635,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rows < 1 or args.delayed < 1:
         parser.error("--rows and --delayed must be at least 1")
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         return run(args)
     except KeyboardInterrupt:
