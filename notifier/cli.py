@@ -106,6 +106,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             priority=args.priority,
             expires_at=None if args.expires_in is None else datetime.now(UTC) + args.expires_in,
             guard=args.guard,
+            template=args.template,
+            locale=args.locale,
         )
     if not result.created:
         print(f"{result.id} (already queued with key {args.key!r}; nothing written)")
@@ -159,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--expires-in", type=parse_duration, help="cancel instead of sending after this, e.g. 10m"
     )
     p.add_argument("--guard", help="send-time check that must agree, e.g. http")
+    p.add_argument("--template", help="a stored template to render from --payload")
+    p.add_argument("--locale", help="the template's locale, e.g. de-AT")
     p.set_defaults(func=_cmd_send)
 
     p = sub.add_parser(

@@ -42,12 +42,15 @@ def enqueue(
     priority: int = 0,
     expires_at: datetime | None = None,
     guard: str | None = None,
+    template: str | None = None,
+    locale: str | None = None,
 ) -> Enqueued:
     """Write one notification; with ``key``, a second call with the same key writes nothing.
 
     ``send_at`` (timezone-aware) or ``delay`` makes it a delayed send; a row not sent by
     ``expires_at`` is cancelled instead of sent late. ``guard`` names a send-time check (e.g.
-    ``"http"``) that must agree right before the send.
+    ``"http"``) that must agree right before the send. ``template`` (with ``locale``) names a
+    stored template to render from ``payload`` instead of ``subject``/``body``.
     """
     if send_at is not None and delay is not None:
         raise ValueError("give send_at or delay, not both")
@@ -73,6 +76,8 @@ def enqueue(
             "send_at": send_at,
             "expires_at": expires_at,
             "guard": guard,
+            "template": template,
+            "locale": locale,
         },
     )
     return Enqueued(row_id, created)

@@ -219,10 +219,10 @@ OLDEST_DUE = text(
 ENQUEUE = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard)
+            next_attempt_at, expires_at, guard, template, locale)
     VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
             :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
-            CAST(:expires_at AS timestamptz), :guard)
+            CAST(:expires_at AS timestamptz), :guard, :template, :locale)
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
 """

@@ -81,3 +81,17 @@ def test_send_at_in_the_past_is_due_now(engine: Engine) -> None:
         notifier.enqueue(conn, channel="null", to="x", send_at=datetime(2020, 1, 1, tzinfo=UTC))
         due = conn.execute(text("SELECT next_attempt_at <= now() FROM notifications")).scalar()
     assert due
+
+
+def test_a_templated_row_carries_its_template_and_locale(engine: Engine) -> None:
+    with engine.begin() as conn:
+        notifier.enqueue(
+            conn,
+            channel="email",
+            to="ann@example.com",
+            template="welcome",
+            locale="de-AT",
+            payload={"first_name": "Ann"},
+        )
+        row = conn.execute(text("SELECT template, locale, subject FROM notifications")).one()
+    assert tuple(row) == ("welcome", "de-AT", None)
