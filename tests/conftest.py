@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -18,6 +18,7 @@ from sqlalchemy import Engine, create_engine, text
 from notifier import store
 from notifier.cli import migrate
 from notifier.settings import Settings, get_settings
+from tests.raw_server import Behaviour, RawServer
 from tests.smtp_sink import SmtpSink
 
 POSTGRES = os.environ.get("NOTIFIER_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
@@ -104,3 +105,17 @@ def smtp_sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpSink]:
     yield sink
     sink.stop()
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[[Behaviour], RawServer]]:
+    """Starts bare socket servers (see ``tests.raw_server``); stops them after the test."""
+    servers: list[RawServer] = []
+
+    def start(behave: Behaviour) -> RawServer:
+        servers.append(RawServer(behave))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ from notifier.providers import load_registry
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.push import PushProvider
 from notifier.settings import get_settings
+from tests.raw_server import Behaviour, RawServer, silence
 
 DEVICE = "fGx3:APA91bH-" + "x" * 140  # the shape of a real registration token
 PROJECT = "demo-project"
@@ -435,51 +435,16 @@ def test_token_endpoint_down_is_retried(
     assert "ConnectError" in outcome.error
 
 
-class Silent:
-    """Accepts connections, reads what comes, and never answers."""
-
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.stopping = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.05)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            with conn:
-                conn.recv(65536)
-                self.stopping.wait(10)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.listener.close()
-
-
-@pytest.fixture
-def silent() -> Iterator[Silent]:
-    server = Silent()
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize("where", ["fcm", "token-endpoint"])
 def test_silent_server_times_out(
     make_provider: MakeProvider,
     key_file: Callable[..., Path],
     httpserver: HTTPServer,
     token_endpoint: TokenEndpoint,
-    silent: Silent,
+    raw_server: Callable[[Behaviour], RawServer],
     where: str,
 ) -> None:
+    silent = raw_server(silence)
     token_uri = silent.url + "/token" if where == "token-endpoint" else token_endpoint.url
     api_base = silent.url if where == "fcm" else httpserver.url_for("/")[:-1]
     provider = make_provider(key_file(token_uri), api_base, timeout=1)

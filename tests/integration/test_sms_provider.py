@@ -7,11 +7,9 @@ socket in a thread) plays what no HTTP library will: garbage replies and silence
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +25,7 @@ from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.sms import SmsProvider
 from notifier.settings import get_settings
+from tests.raw_server import Behaviour, RawServer, garbage, silence
 
 SID = "AC" + "0123456789abcdef" * 2
 TOKEN = "s3cret-auth-token"
@@ -92,60 +91,6 @@ def base_of(httpserver: HTTPServer) -> str:
 
 
 # -- a bare TCP server ---------------------------------------------------------------------------
-
-
-class RawServer:
-    """Accepts connections; for each, reads the request and calls ``behave(conn, stopping)``."""
-
-    def __init__(self, behave: Callable[[socket.socket, threading.Event], None]) -> None:
-        self.behave = behave
-        self.accepted = 0
-        self.stopping = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.05)
-        self.base = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(5)
-                self._read_request(conn)
-                self.behave(conn, self.stopping)
-
-    @staticmethod
-    def _read_request(conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        match = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-        while match and len(body) < int(match[1]) and (chunk := conn.recv(65536)):
-            body += chunk
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.listener.close()
-
-
-@pytest.fixture
-def raw_server() -> Iterator[Callable[..., RawServer]]:
-    servers: list[RawServer] = []
-
-    def start(behave: Callable[[socket.socket, threading.Event], None]) -> RawServer:
-        servers.append(RawServer(behave))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 # -- what Twilio answers -> what the provider says -----------------------------------------------
@@ -253,29 +198,21 @@ def test_messaging_service_is_sent_as_messaging_service_sid(
     }
 
 
-def _garbage(conn: socket.socket, _: threading.Event) -> None:
-    conn.sendall(b"\x00\x01 this is not HTTP \xff\r\n\r\n")
-
-
-def _silence(_: socket.socket, stopping: threading.Event) -> None:
-    stopping.wait(10)
-
-
 def test_garbage_reply_is_retried(
-    make_provider: MakeProvider, raw_server: Callable[..., RawServer]
+    make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
 ) -> None:
-    server = raw_server(_garbage)
-    outcome = make_provider(server.base).send(notification())
+    server = raw_server(garbage)
+    outcome = make_provider(server.url).send(notification())
     assert server.accepted == 1
     assert isinstance(outcome, Retry)
     assert "POSTing to Twilio at 127.0.0.1:" in outcome.error
 
 
 def test_silent_server_times_out(
-    make_provider: MakeProvider, raw_server: Callable[..., RawServer]
+    make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
 ) -> None:
-    server = raw_server(_silence)
-    provider = make_provider(server.base, timeout=1)
+    server = raw_server(silence)
+    provider = make_provider(server.url, timeout=1)
     started = time.monotonic()
     outcome = provider.send(notification())
     elapsed = time.monotonic() - started

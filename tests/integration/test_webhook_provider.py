@@ -33,13 +33,13 @@ from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.webhook import WebhookProvider
 from notifier.settings import get_settings
+from tests.raw_server import Behaviour, RawServer, garbage, read_request, silence
 
 # Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
 LOOPBACK = "127.0.0.0/8,::1/128"
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 
 MakeProvider = Callable[..., WebhookProvider]
-Behaviour = Callable[[socket.socket, threading.Event], None]
 
 
 def notification(recipient: str, id: int = 42, **fields: Any) -> Notification:
@@ -91,70 +91,6 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
 
 
 # -- a bare TCP server ---------------------------------------------------------------------------
-
-
-def read_request(conn: socket.socket) -> bytes | None:
-    """One HTTP request with a Content-Length body, or None when the client hung up."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
-
-
-class RawServer:
-    """Accepts connections one at a time and hands each to ``behave(conn, stopping)``."""
-
-    def __init__(self, behave: Behaviour) -> None:
-        self.behave = behave
-        self.accepted = 0
-        self.requests = 0
-        self.stopping = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.05)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            with conn:
-                conn.settimeout(5)
-                with contextlib.suppress(OSError):
-                    self.behave(conn, self.stopping)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.listener.close()
-
-
-@pytest.fixture
-def raw_server() -> Iterator[Callable[[Behaviour], RawServer]]:
-    servers: list[RawServer] = []
-
-    def start(behave: Behaviour) -> RawServer:
-        servers.append(RawServer(behave))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 # -- what the receiver answers -> what the provider says -----------------------------------------
@@ -218,21 +154,11 @@ def test_outcome_follows_the_response(
             assert outcome.retry_after == pytest.approx(retry_after, abs=3)
 
 
-def _garbage(conn: socket.socket, _: threading.Event) -> None:
-    read_request(conn)
-    conn.sendall(b"\x00\x01 this is not HTTP \xff\r\n\r\n")
-
-
-def _silence(conn: socket.socket, stopping: threading.Event) -> None:
-    read_request(conn)
-    stopping.wait(10)
-
-
 def test_garbage_reply_is_retried(
     make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
 ) -> None:
-    server = raw_server(_garbage)
-    outcome = make_provider().send(notification(server.url))
+    server = raw_server(garbage)
+    outcome = make_provider().send(notification(server.url + "/hook"))
     assert isinstance(outcome, Retry)
     assert "127.0.0.1" in outcome.error
     assert server.accepted == 1
@@ -249,10 +175,10 @@ def test_refused_connection_is_retried(make_provider: MakeProvider) -> None:
 def test_silent_server_times_out(
     make_provider: MakeProvider, raw_server: Callable[[Behaviour], RawServer]
 ) -> None:
-    server = raw_server(_silence)
+    server = raw_server(silence)
     provider = make_provider(timeout=1)
     started = time.monotonic()
-    outcome = provider.send(notification(server.url))
+    outcome = provider.send(notification(server.url + "/hook"))
     elapsed = time.monotonic() - started
     assert server.accepted == 1  # the fault happened: it took the request and said nothing
     assert isinstance(outcome, Retry)
@@ -275,7 +201,7 @@ def test_connections_survive_close_between_batches(
     server = raw_server(keep_alive)
     provider = make_provider()
     for batch in range(3):
-        assert isinstance(provider.send(notification(server.url, id=batch)), Sent)
+        assert isinstance(provider.send(notification(server.url + "/hook", id=batch)), Sent)
         provider.close()
     assert (server.accepted, server.requests) == (1, 3)
     provider.shutdown()
@@ -508,7 +434,7 @@ def test_allowed_networks_are_sent_to(
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     server = raw_server(ok)
-    url = server.url.replace("127.0.0.1", host)
+    url = (server.url + "/hook").replace("127.0.0.1", host)
     assert isinstance(make_provider(allowed=allowed).send(notification(url)), Sent)
     assert server.requests == 1
 
