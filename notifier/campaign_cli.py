@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from notifier import store
-from notifier.campaigns import Campaigns, Status
+from notifier.campaigns import PARALLEL, Campaigns, Status
 
 
 def add_parser(sub: Any) -> None:
@@ -46,6 +46,12 @@ def add_parser(sub: Any) -> None:
     p = commands.add_parser("launch", help="write one notification per recipient (re-runnable)")
     p.add_argument("name")
     p.add_argument("--no-watch", action="store_true", help="return once the rows are written")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=PARALLEL,
+        help=f"chunks written at once, each on its own connection (default {PARALLEL})",
+    )
     p.set_defaults(func=_launch)
 
     p = commands.add_parser("status", help="counts of the campaign's notifications")
@@ -113,7 +119,9 @@ def _launch(args: argparse.Namespace) -> int:
         written += n
         _bar("writing", written, total, started)
 
-    campaigns.launch(args.name, progress)
+    if not 1 <= args.parallel <= 4:  # the engine's pool holds 4 connections
+        raise SystemExit("--parallel takes 1 to 4")
+    campaigns.launch(args.name, progress, parallel=args.parallel)
     _bar("writing", total, total, started, finished=True)
     if not args.no_watch:
         return _watch(campaigns, args.name)

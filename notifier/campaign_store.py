@@ -3,10 +3,14 @@
 Like ``notifier.store``, the only other module that talks to the driver. Every step is
 idempotent, so a launch that died half-way is finished by running it again:
 
-* a recipient is staged once (primary key ``(campaign_id, recipient)``);
-* a code goes to at most one recipient and a recipient gets at most one code (constraints on
-  ``campaign_codes``);
+* a recipient is staged once (primary key ``(campaign_id, recipient)``), a code once (primary
+  key ``(campaign_id, code)``);
+* recipients and codes get dense positions per campaign as they are imported (unique per
+  campaign), and recipient N is given code N: the pairing is fixed before the launch, which only
+  reads it, so a code goes to one recipient and a recipient gets one code whatever is re-run;
 * a recipient gets at most one notification (unique index on ``(campaign_id, recipient)``).
+
+Imports into one campaign take turns (an advisory lock), so their positions never collide.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from datetime import datetime
+from typing import IO, Any
 
 import psycopg
 from sqlalchemy import Connection, text
@@ -42,32 +47,60 @@ SET_STATUS = text(
     """
 )
 
+LOCK_CAMPAIGN = text(
+    "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
+)
+
+# The new recipients of the staged rows (a recipient repeated in the file counts once), numbered
+# on from the campaign's last position. Sorted once; the primary key is then filled in order.
 AUDIENCE_FROM_STAGE = """
-    INSERT INTO campaign_recipients (campaign_id, recipient, fields)
-    SELECT %(campaign_id)s, trim(c0), {fields} FROM stage WHERE coalesce(trim(c0), '') <> ''
-    ON CONFLICT (campaign_id, recipient) DO NOTHING
+    INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
+    SELECT %(campaign_id)s,
+           (SELECT coalesce(max(position), 0) FROM campaign_recipients
+             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.recipient),
+           s.recipient, s.fields
+      FROM (SELECT DISTINCT ON (trim(c0)) trim(c0) AS recipient, {fields} AS fields
+              FROM stage WHERE coalesce(trim(c0), '') <> '' ORDER BY trim(c0)) AS s
+     WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
+                        WHERE r.campaign_id = %(campaign_id)s AND r.recipient = s.recipient)
+"""
+
+AUDIENCE_FROM_QUERY = """
+    INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
+    SELECT :id,
+           (SELECT coalesce(max(position), 0) FROM campaign_recipients WHERE campaign_id = :id)
+             + row_number() OVER (ORDER BY s.recipient),
+           s.recipient, s.fields
+      FROM (SELECT DISTINCT ON (q.recipient::text) q.recipient::text AS recipient,
+                   to_jsonb(q) - 'recipient' AS fields
+              FROM ({query}) AS q WHERE q.recipient IS NOT NULL
+             ORDER BY q.recipient::text) AS s
+     WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
+                        WHERE r.campaign_id = :id AND r.recipient = s.recipient)
 """
 
 CODES_FROM_STAGE = """
-    INSERT INTO campaign_codes (campaign_id, code)
-    SELECT %(campaign_id)s, trim(code) FROM stage WHERE coalesce(trim(code), '') <> ''
-    ON CONFLICT (campaign_id, code) DO NOTHING
+    INSERT INTO campaign_codes (campaign_id, position, code)
+    SELECT %(campaign_id)s,
+           (SELECT coalesce(max(position), 0) FROM campaign_codes
+             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.code),
+           s.code
+      FROM (SELECT DISTINCT trim(code) AS code FROM stage
+             WHERE coalesce(trim(code), '') <> '') AS s
+     WHERE NOT EXISTS (SELECT 1 FROM campaign_codes AS k
+                        WHERE k.campaign_id = %(campaign_id)s AND k.code = s.code)
 """
 
-GENERATE_CODES = text(
-    """
-    INSERT INTO campaign_codes (campaign_id, code)
-    SELECT :campaign_id, upper(substr(replace(gen_random_uuid()::text, '-', ''), 1, :length))
-      FROM generate_series(1, :count)
-    ON CONFLICT (campaign_id, code) DO NOTHING
-    """
-)
-
+# recipients, codes, codes given (those at a recipient's position: each is that recipient's),
+# notifications
 COUNTS = text(
     """
+    WITH last AS (SELECT coalesce(max(position), 0) AS position
+                    FROM campaign_recipients WHERE campaign_id = :id)
     SELECT (SELECT count(*) FROM campaign_recipients WHERE campaign_id = :id),
            (SELECT count(*) FROM campaign_codes WHERE campaign_id = :id),
-           (SELECT count(*) FROM campaign_codes WHERE campaign_id = :id AND recipient IS NOT NULL),
+           (SELECT count(*) FROM campaign_codes
+             WHERE campaign_id = :id AND position <= (SELECT position FROM last)),
            (SELECT count(*) FROM notifications WHERE campaign_id = :id)
     """
 )
@@ -87,75 +120,41 @@ MISSING_FIELD = text(
     """
 )
 
-# Pairs the recipients of one keyset chunk still without a code with free codes taken in code
-# order after :code_after, in one statement. Both sides are index range scans, so every chunk
-# costs the same however far the launch has come.
-ASSIGN_CODES = text(
-    """
-    WITH r AS (SELECT recipient, row_number() OVER (ORDER BY recipient) AS n
-                 FROM campaign_recipients cr
-                WHERE campaign_id = :id AND recipient > :after AND recipient <= :upto
-                  AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
-                                   WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)),
-         k AS (SELECT code, row_number() OVER (ORDER BY code) AS n
-                 FROM (SELECT code FROM campaign_codes
-                        WHERE campaign_id = :id AND recipient IS NULL AND code > :code_after
-                        ORDER BY code LIMIT :chunk) AS free)
-    UPDATE campaign_codes AS c SET recipient = r.recipient
-      FROM r JOIN k USING (n)
-     WHERE c.campaign_id = :id AND c.code = k.code
-    RETURNING c.code
-    """
+LAST_POSITION = text(
+    "SELECT coalesce(max(position), 0), now() FROM campaign_recipients WHERE campaign_id = :id"
 )
 
-NEED_CODES = text(
+# Recipients without a code at their position, and codes beyond the last recipient. Recipient
+# positions run 1..last without a gap and code positions are unique, so two index counts do.
+CODE_COVERAGE = text(
     """
-    SELECT count(*) FROM campaign_recipients cr
-     WHERE campaign_id = :id AND recipient > :after AND recipient <= :upto
-       AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
-                        WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
+    WITH last AS (SELECT coalesce(max(position), 0) AS position
+                    FROM campaign_recipients WHERE campaign_id = :id)
+    SELECT (SELECT position FROM last)
+           - (SELECT count(*) FROM campaign_codes
+               WHERE campaign_id = :id AND position <= (SELECT position FROM last)),
+           (SELECT count(*) FROM campaign_codes
+             WHERE campaign_id = :id AND position > (SELECT position FROM last))
     """
-)
-
-LOCK_CAMPAIGN = text(
-    "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
-)
-
-WITHOUT_CODE = text(
-    """
-    SELECT count(*) FROM campaign_recipients cr
-     WHERE campaign_id = :id
-       AND NOT EXISTS (SELECT 1 FROM campaign_codes cc
-                        WHERE cc.campaign_id = :id AND cc.recipient = cr.recipient)
-    """
-)
-
-FREE_CODES = text(
-    "SELECT count(*) FROM campaign_codes WHERE campaign_id = :id AND recipient IS NULL"
 )
 
 # {subject} and {body} are SQL expressions built by ``notifier.campaigns.render_sql`` from the
 # campaign's templates; only bound parameters and fixed column names go into them.
 FAN_OUT = """
     INSERT INTO notifications
-           (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id)
+           (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id,
+            next_attempt_at)
     SELECT :channel, r.recipient, {subject}, {body},
            CAST(:payload AS jsonb) || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
                                             ELSE jsonb_build_object('code', k.code) END,
-           :priority, :max_attempts, :id
+           :priority, :max_attempts, :id, :due
       FROM campaign_recipients r
-      LEFT JOIN campaign_codes k ON k.campaign_id = r.campaign_id AND k.recipient = r.recipient
-     WHERE r.campaign_id = :id AND r.recipient > :after AND r.recipient <= :upto
+      LEFT JOIN campaign_codes k
+             ON k.campaign_id = :id AND k.position = r.position
+            AND k.position > :after AND k.position <= :upto
+     WHERE r.campaign_id = :id AND r.position > :after AND r.position <= :upto
     ON CONFLICT (campaign_id, recipient) WHERE campaign_id IS NOT NULL DO NOTHING
 """
-
-CHUNK_END = text(
-    """
-    SELECT max(recipient) FROM (SELECT recipient FROM campaign_recipients
-                                 WHERE campaign_id = :id AND recipient > :after
-                                 ORDER BY recipient LIMIT :chunk) AS chunk
-    """
-)
 
 PARK = text(
     """
@@ -241,6 +240,7 @@ def import_audience(
         i for i, h in enumerate(header) if h != recipient_column
     ]
     fields = [header[i] for i in order[1:]]
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = _driver(conn)
     with raw.cursor() as cur:
         columns = ", ".join(f"c{i} text" for i in range(len(order)))
@@ -267,35 +267,24 @@ def import_audience(
 
 def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
     """Stage the rows of an operator's query; it must return a ``recipient`` column."""
-    sql = (
-        "INSERT INTO campaign_recipients (campaign_id, recipient, fields)"
-        " SELECT :id, q.recipient::text, to_jsonb(q) - 'recipient'"
-        f" FROM ({query}) AS q WHERE q.recipient IS NOT NULL"
-        " ON CONFLICT (campaign_id, recipient) DO NOTHING"
-    )
-    return int(conn.execute(text(sql), {"id": campaign_id}).rowcount)
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
+    statement = text(AUDIENCE_FROM_QUERY.format(query=query))
+    return int(conn.execute(statement, {"id": campaign_id}).rowcount)
 
 
 def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
     """COPY codes in, one per item; codes already in the pool are skipped."""
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = _driver(conn)
     with raw.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE stage (code text)")
+        cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
         with cur.copy("COPY stage (code) FROM STDIN") as copy:
             for code in codes:
-                copy.write_row([code])
+                copy.write_row((code,))
         cur.execute(CODES_FROM_STAGE.encode(), {"campaign_id": campaign_id})
         added = cur.rowcount
         cur.execute("DROP TABLE stage")
     return added
-
-
-def generate_codes(conn: Connection, campaign_id: int, count: int, length: int) -> int:
-    return int(
-        conn.execute(
-            GENERATE_CODES, {"campaign_id": campaign_id, "count": count, "length": length}
-        ).rowcount
-    )
 
 
 def counts(conn: Connection, campaign_id: int) -> Counts:
@@ -314,12 +303,16 @@ def recipient_missing(conn: Connection, campaign_id: int, names: Sequence[str]) 
     return None if row is None else str(row[0])
 
 
-def without_code(conn: Connection, campaign_id: int) -> int:
-    return int(conn.execute(WITHOUT_CODE, {"id": campaign_id}).scalar_one())
+def last_position(conn: Connection, campaign_id: int) -> tuple[int, datetime]:
+    """The position of the campaign's last recipient (0 with none), and the database's time."""
+    last, now = conn.execute(LAST_POSITION, {"id": campaign_id}).one()
+    return int(last), now
 
 
-def free_codes(conn: Connection, campaign_id: int) -> int:
-    return int(conn.execute(FREE_CODES, {"id": campaign_id}).scalar_one())
+def code_coverage(conn: Connection, campaign_id: int) -> tuple[int, int]:
+    """(recipients without a code at their position, codes beyond the last recipient)."""
+    missing, spare = conn.execute(CODE_COVERAGE, {"id": campaign_id}).one()
+    return int(missing), int(spare)
 
 
 def analyze(conn: Connection) -> None:
@@ -328,44 +321,21 @@ def analyze(conn: Connection) -> None:
     conn.execute(text("ANALYZE campaign_recipients, campaign_codes"))
 
 
-def assign_codes(
-    conn: Connection, campaign_id: int, after: str, upto: str, code_after: str, chunk: int
-) -> str:
-    """Give the recipients in ``(after, upto]`` still without a code one free code each.
-
-    Codes are taken in order after ``code_after``; returns the last code given, to start the
-    next chunk from. Should the codes after it run short (codes imported later can sort
-    earlier), the chunk is done again from the first free code. Two launches of one campaign at
-    once take turns (an advisory lock), so they never pick the same recipients.
-    """
-    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    for start in (code_after, ""):
-        params = {"id": campaign_id, "after": after, "upto": upto, "chunk": chunk}
-        given = conn.execute(ASSIGN_CODES, {**params, "code_after": start}).scalars().all()
-        if given:
-            code_after = max(max(given), code_after)
-        if not conn.execute(NEED_CODES, params).scalar_one():
-            break
-    return code_after
-
-
-def chunk_end(conn: Connection, campaign_id: int, after: str, chunk: int) -> str | None:
-    """The last recipient of the next ``chunk`` after ``after`` in keyset order; None at the end."""
-    value = conn.execute(CHUNK_END, {"id": campaign_id, "after": after, "chunk": chunk}).scalar()
-    return cast("str | None", value)
-
-
 def fan_out(
     conn: Connection,
     campaign: CampaignRow,
     rendered: tuple[str, str, Mapping[str, Any]],
     payload_json: str,
-    after: str,
-    upto: str,
+    due: datetime,
+    after: int,
+    upto: int,
 ) -> int:
-    """Write the notifications of the recipients in ``(after, upto]``; how many were new.
+    """Write the notifications of the recipients at positions ``(after, upto]``, due at
+    ``due``; how many were new. ``rendered`` is (subject SQL, body SQL, their parameters) from
+    ``campaigns.render_sql``.
 
-    ``rendered`` is (subject SQL, body SQL, their parameters) from ``campaigns.render_sql``.
+    Every chunk of a launch gets the same ``due``: rows then enter the due index in id order,
+    at its end, whichever chunks run side by side.
     """
     subject_sql, body_sql, params = rendered
     statement = text(FAN_OUT.format(subject=subject_sql, body=body_sql))
@@ -378,6 +348,7 @@ def fan_out(
         "id": campaign.id,
         "after": after,
         "upto": upto,
+        "due": due,
     }
     return int(conn.execute(statement, values).rowcount)
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import string
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -31,6 +33,9 @@ _BUILT_IN = {"recipient": "r.recipient", "code": "k.code"}
 
 #: Recipients written per fan-out statement (and per transaction).
 CHUNK = 50_000
+#: Fan-out statements run at once, each on a connection of its own: the database's work per
+#: row (heap and index writes) is what a launch waits on, and it spreads over server cores.
+PARALLEL = 2
 
 
 class CampaignError(ValueError):
@@ -154,25 +159,31 @@ class Campaigns:
             return campaign_store.import_codes(conn, self._get(conn, name).id, codes)
 
     def generate_codes(self, name: str, count: int, length: int = 12) -> int:
-        """Add ``count`` random codes (of ``length`` hex characters) to the pool."""
+        """Add ``count`` random codes (``length`` hex characters, from the operating system's
+        cryptographic random source) to the pool."""
         if not 8 <= length <= 32:
             raise CampaignError("generated codes are 8 to 32 characters long")
         added = 0
         for _ in range(10):  # a collision skips a code; top the pool up until it is full
-            with self.engine.begin() as conn:
-                campaign_id = self._get(conn, name).id
-                added += campaign_store.generate_codes(conn, campaign_id, count - added, length)
+            fresh = (secrets.token_hex(16)[:length].upper() for _ in range(count - added))
+            added += self.import_codes(name, fresh)
             if added >= count:
                 return added
         raise CampaignError(f"could only generate {added} of {count} distinct codes; use longer")
 
     def launch(
-        self, name: str, progress: Callable[[int], None] = lambda n: None, chunk: int = CHUNK
+        self,
+        name: str,
+        progress: Callable[[int], None] = lambda n: None,
+        chunk: int = CHUNK,
+        parallel: int = PARALLEL,
     ) -> int:
         """Write the campaign's notifications; run it again to finish an interrupted launch.
 
-        Returns the number of notifications written by this run. ``progress`` is called with
-        each chunk's count.
+        Recipients are written in chunks of ``chunk`` positions, each chunk one statement and
+        one transaction, ``parallel`` chunks at a time on connections of their own. Returns the
+        number of notifications written by this run; ``progress`` is called with each chunk's
+        count, from the calling thread.
         """
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
@@ -180,21 +191,27 @@ class Campaigns:
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.launching, started):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
             self._check_ready(conn, campaign)
+            last, due = campaign_store.last_position(conn, campaign.id)
         with self.engine.begin() as conn:
             campaign_store.analyze(conn)
-        self._assign_codes(campaign, chunk)
         rendered = render_sql(campaign.subject, campaign.body)
         payload = json.dumps({**campaign.payload, "campaign": campaign.name})
-        written, after = 0, ""
-        while True:
+
+        def write(after: int) -> int:
             with self.engine.begin() as conn:
-                upto = campaign_store.chunk_end(conn, campaign.id, after, chunk)
-                if upto is None:
-                    break
-                n = campaign_store.fan_out(conn, campaign, rendered, payload, after, upto)
-            written += n
-            progress(n)
-            after = upto
+                upto = after + chunk
+                return campaign_store.fan_out(conn, campaign, rendered, payload, due, after, upto)
+
+        written = 0
+        pool = ThreadPoolExecutor(parallel, thread_name_prefix="notifier-launch")
+        try:
+            for done in as_completed([pool.submit(write, a) for a in range(0, last, chunk)]):
+                n = done.result()
+                written += n
+                progress(n)
+        finally:
+            # A chunk that failed stops the launch (re-run it to finish): nothing more starts.
+            pool.shutdown(wait=True, cancel_futures=True)
         with self.engine.begin() as conn:
             campaign_store.set_status(
                 conn, campaign.id, CampaignStatus.running, [CampaignStatus.launching]
@@ -253,23 +270,10 @@ class Campaigns:
                     f"recipient {missing!r} has no value for one of the template's fields"
                     f" ({', '.join(fields)}); fix the audience and launch again"
                 )
-        if "code" in names or campaign_store.free_codes(conn, campaign.id):
-            need = campaign_store.without_code(conn, campaign.id)
-            free = campaign_store.free_codes(conn, campaign.id)
-            if need > free:
+        if "code" in names:
+            need, spare = campaign_store.code_coverage(conn, campaign.id)
+            if need:
                 raise CampaignError(
-                    f"{need} recipients still need a code but only {free} codes are free;"
-                    f" import or generate at least {need - free} more"
+                    f"{need} recipients still need a code but only {spare} codes are free;"
+                    f" import or generate at least {need - spare} more"
                 )
-
-    def _assign_codes(self, campaign: CampaignRow, chunk: int) -> None:
-        after, code_after = "", ""
-        while True:
-            with self.engine.begin() as conn:
-                upto = campaign_store.chunk_end(conn, campaign.id, after, chunk)
-                if upto is None:
-                    return
-                code_after = campaign_store.assign_codes(
-                    conn, campaign.id, after, upto, code_after, chunk
-                )
-            after = upto

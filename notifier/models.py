@@ -195,13 +195,16 @@ campaigns = Table(
     CheckConstraint("max_attempts > 0", name="campaigns_max_attempts_positive"),
 )
 
+# Recipient N of a campaign is given code N: positions are dense per campaign, in import order.
 campaign_recipients = Table(
     "campaign_recipients",
     metadata,
     Column("campaign_id", BigInteger, nullable=False),
     Column("recipient", Text, nullable=False),
     Column("fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("position", BigInteger, nullable=False),
     PrimaryKeyConstraint("campaign_id", "recipient"),
+    UniqueConstraint("campaign_id", "position", name="campaign_recipients_position"),
 )
 
 campaign_codes = Table(
@@ -209,15 +212,9 @@ campaign_codes = Table(
     metadata,
     Column("campaign_id", BigInteger, nullable=False),
     Column("code", Text, nullable=False),
-    Column("recipient", Text),
+    Column("position", BigInteger, nullable=False),
     PrimaryKeyConstraint("campaign_id", "code"),
-    UniqueConstraint("campaign_id", "recipient", name="campaign_codes_one_per_recipient"),
-    Index(
-        "campaign_codes_free",
-        "campaign_id",
-        "code",
-        postgresql_where=text("recipient IS NULL"),
-    ),
+    UniqueConstraint("campaign_id", "position", name="campaign_codes_position"),
 )
 
 

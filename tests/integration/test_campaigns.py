@@ -31,6 +31,15 @@ def _one(engine: Engine, sql: str) -> tuple[object, ...]:
         return tuple(conn.execute(text(sql)).one())
 
 
+# Notifications whose code is the one at their recipient's position in the pool.
+_PAIRED = """
+    SELECT count(*) FROM notifications AS n
+      JOIN campaign_recipients AS r ON r.campaign_id = n.campaign_id AND r.recipient = n.recipient
+      JOIN campaign_codes AS k ON k.campaign_id = r.campaign_id AND k.position = r.position
+     WHERE n.payload ->> 'code' = k.code
+"""
+
+
 @pytest.fixture
 def campaigns(engine: Engine) -> Campaigns:
     return Campaigns(engine)
@@ -46,7 +55,7 @@ def test_every_recipient_gets_one_row_and_one_distinct_code(
     engine: Engine, campaigns: Campaigns
 ) -> None:
     _prepare(campaigns)
-    assert campaigns.launch("spring", chunk=7_000) == AUDIENCE
+    assert campaigns.launch("spring", chunk=7_000, parallel=3) == AUDIENCE
     assert campaigns.launch("spring", chunk=7_000) == 0  # a re-run writes nothing
 
     rows, recipients, codes, mismatched = _one(
@@ -56,8 +65,7 @@ def test_every_recipient_gets_one_row_and_one_distinct_code(
         " FROM notifications WHERE campaign_id IS NOT NULL",
     )
     assert (rows, recipients, codes, mismatched) == (AUDIENCE, AUDIENCE, AUDIENCE, 0)
-    given = _one(engine, "SELECT count(*) FROM campaign_codes WHERE recipient IS NOT NULL")
-    assert given == (AUDIENCE,)
+    assert _one(engine, _PAIRED) == (AUDIENCE,)
     assert _one(
         engine, "SELECT subject FROM notifications WHERE recipient = 'user7@example.com'"
     ) == ("Hi User 7",)
@@ -107,9 +115,7 @@ def test_a_launch_killed_half_way_is_finished_by_running_it_again(
         " FROM notifications",
     )
     assert (rows, recipients, codes) == (AUDIENCE, AUDIENCE, AUDIENCE)
-    assert _one(engine, "SELECT count(*) FROM campaign_codes WHERE recipient IS NOT NULL") == (
-        AUDIENCE,
-    )
+    assert _one(engine, _PAIRED) == (AUDIENCE,)
 
 
 # Launches in chunks of 5,000, announcing the first committed chunk, then slowly goes on.
@@ -126,6 +132,89 @@ def progress(n):
     time.sleep(0.5)
 Campaigns(store.engine()).launch("spring", progress, chunk=5000)
 """
+
+
+def test_positions_stay_dense_across_imports_and_repeats(
+    engine: Engine, campaigns: Campaigns
+) -> None:
+    campaigns.create("dense", "null", body="{code}")
+    first = io.StringIO("email,name\nb@x.org,B\na@x.org,A\nb@x.org,B again\n ,nobody\n")
+    assert campaigns.import_audience("dense", first, "email") == 2
+    second = io.StringIO("email,name\nc@x.org,C\na@x.org,A\n")
+    assert campaigns.import_audience("dense", second, "email") == 1
+    assert campaigns.import_codes("dense", ["K2", "K1", "K2", "", "K3", "K4"]) == 4
+    assert campaigns.import_codes("dense", ["K4", "K5"]) == 1
+    recipients = _all(engine, "SELECT position, recipient FROM campaign_recipients ORDER BY 1")
+    assert recipients == [(1, "a@x.org"), (2, "b@x.org"), (3, "c@x.org")]
+    codes = _all(engine, "SELECT position, code FROM campaign_codes ORDER BY 1")
+    assert codes == [(1, "K1"), (2, "K2"), (3, "K3"), (4, "K4"), (5, "K5")]
+    assert campaigns.launch("dense") == 3
+    assert _all(engine, "SELECT recipient, body FROM notifications ORDER BY 1") == [
+        ("a@x.org", "K1"),
+        ("b@x.org", "K2"),
+        ("c@x.org", "K3"),
+    ]
+    counts = campaigns.status("dense").counts
+    assert (counts.recipients, counts.codes, counts.codes_given) == (3, 5, 3)
+
+
+def test_upgrading_keeps_the_codes_already_given(engine: Engine) -> None:
+    """Before positions, codes were given by writing the recipient on the code: those pairs
+    stay, free codes fill the recipients still without one, then follow the last recipient."""
+    _migrate(engine, "0007")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO campaigns (id, name, channel) VALUES (7, 'old', 'null')"))
+        conn.execute(
+            text(
+                "INSERT INTO campaign_recipients (campaign_id, recipient) VALUES"
+                " (7, 'a@x.org'), (7, 'b@x.org'), (7, 'c@x.org'), (7, 'd@x.org')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO campaign_codes (campaign_id, code, recipient) VALUES"
+                " (7, 'Z9', 'a@x.org'), (7, 'A1', 'c@x.org'), (7, 'M5', NULL), (7, 'B2', NULL),"
+                " (7, 'Q7', NULL)"
+            )
+        )
+    _migrate(engine, "head")
+    pairs = _all(
+        engine,
+        "SELECT r.recipient, k.code FROM campaign_codes k LEFT JOIN campaign_recipients r"
+        " USING (campaign_id, position) ORDER BY k.position",
+    )
+    assert pairs == [
+        ("a@x.org", "Z9"),
+        ("b@x.org", "B2"),
+        ("c@x.org", "A1"),
+        ("d@x.org", "M5"),
+        (None, "Q7"),
+    ]
+    _migrate(engine, "0007")
+    given = _all(engine, "SELECT code, recipient FROM campaign_codes ORDER BY code")
+    assert given == [("A1", None), ("B2", None), ("M5", None), ("Q7", None), ("Z9", None)]
+
+
+def _migrate(engine: Engine, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from notifier.cli import alembic_dir
+
+    config = Config()
+    config.set_main_option("script_location", str(alembic_dir()))
+    config.attributes["configure_logging"] = False
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        if revision == "head":
+            command.upgrade(config, revision)
+        else:
+            command.downgrade(config, revision)
+
+
+def _all(engine: Engine, sql: str) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(sql))]
 
 
 def test_a_field_missing_for_a_recipient_stops_the_launch_before_anything_is_written(
