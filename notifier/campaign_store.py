@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any
 
-import psycopg
 from sqlalchemy import Connection, text
+
+from notifier import store
 
 CREATE = text(
     """
@@ -241,7 +242,7 @@ def import_audience(
     ]
     fields = [header[i] for i in order[1:]]
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = _driver(conn)
+    raw = store.driver(conn)
     with raw.cursor() as cur:
         columns = ", ".join(f"c{i} text" for i in range(len(order)))
         cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
@@ -275,7 +276,7 @@ def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
 def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
     """COPY codes in, one per item; codes already in the pool are skipped."""
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = _driver(conn)
+    raw = store.driver(conn)
     with raw.cursor() as cur:
         cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
         with cur.copy("COPY stage (code) FROM STDIN") as copy:
@@ -364,10 +365,3 @@ def unpark(conn: Connection, campaign_id: int) -> int:
 
 def cancel_unsent(conn: Connection, campaign_id: int) -> int:
     return int(conn.execute(CANCEL_UNSENT, {"id": campaign_id}).rowcount)
-
-
-def _driver(conn: Connection) -> psycopg.Connection[Any]:
-    raw = conn.connection.driver_connection
-    if not isinstance(raw, psycopg.Connection):
-        raise TypeError("campaign imports need the psycopg 3 driver")
-    return raw

@@ -17,36 +17,35 @@ from uuid import UUID
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, text
-from sqlalchemy.engine import Row, make_url
+from sqlalchemy.engine import make_url
 
 from notifier.models import Notification
 from notifier.settings import get_settings
 
+# The fields of ``Notification`` in order, but its claim token: that is the claim's own.
 _RETURNING = """
     n.id, n.channel, n.recipient, n.subject, n.body, n.payload, n.attempts, n.max_attempts,
-    n.claim_token, n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at,
-    n.template, n.locale
+    n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at, n.template, n.locale
 """
 
-CLAIM_DUE = text(
-    f"""
+# Run on the driver's cursor (a batch's rows become Notifications without a result layer between).
+CLAIM_DUE = f"""
     UPDATE notifications AS n
        SET status = 'processing',
            attempts = n.attempts + 1,
-           claim_token = :token,
-           claimed_by = :worker,
-           locked_until = now() + make_interval(secs => :lease_seconds),
+           claim_token = %(token)s,
+           claimed_by = %(worker)s,
+           locked_until = now() + make_interval(secs => %(lease_seconds)s),
            updated_at = now()
       FROM (SELECT id
               FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()
              ORDER BY priority DESC, next_attempt_at, id
-             LIMIT :limit
+             LIMIT %(limit)s
                FOR UPDATE SKIP LOCKED) AS due
      WHERE n.id = due.id
     RETURNING {_RETURNING}
-    """
-)
+"""
 
 MARK_SENT = text(
     """
@@ -299,11 +298,18 @@ def claim_due(
     skipped, never waited on. Each claimed row becomes ``processing`` with ``attempts`` counting
     the attempt about to be made, the given claim token, and a lease of ``lease_seconds``.
     """
-    rows = conn.execute(
-        CLAIM_DUE,
-        {"token": token, "worker": worker, "lease_seconds": lease_seconds, "limit": limit},
-    ).all()
-    claimed = [_notification(row) for row in rows]
+
+    def notification(values: Sequence[Any]) -> Notification:
+        (id_, channel, recipient, subject, body, payload, attempts, max_attempts, created_at,
+         dedupe_key, priority, guard, expires_at, template, locale) = values  # fmt: skip
+        return Notification(
+            id_, channel, recipient, subject, body, payload, attempts, max_attempts, token,
+            created_at, dedupe_key, priority, guard, expires_at, template, locale,
+        )  # fmt: skip
+
+    params = {"token": token, "worker": worker, "lease_seconds": lease_seconds, "limit": limit}
+    with driver(conn).cursor(row_factory=lambda _cursor: notification) as cur:
+        claimed = cur.execute(CLAIM_DUE, params).fetchall()
     claimed.sort(key=lambda n: (-n.priority, n.id))
     return claimed
 
@@ -324,14 +330,14 @@ def mark_sent(
         return 0
     params: dict[str, Any] = {
         "token": token,
-        "ids": list(sent),
+        "ids": _int_array(sent),
         "message_ids": list(sent.values()),
         "providers": [providers.get(i) for i in sent],
     }
     if history is None:
         return _rowcount(conn.execute(MARK_SENT, params))
     worker, durations = history
-    params.update(worker=worker, durations=[durations.get(i) for i in sent])
+    params.update(worker=worker, durations=_int_array(durations.get(i) for i in sent))
     return int(conn.execute(MARK_SENT_RECORDED, params).scalar_one())
 
 
@@ -374,7 +380,7 @@ def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int]
     among them those whose campaign is paused."""
     held: set[int] = set()
     paused: set[int] = set()
-    for row_id, is_paused in conn.execute(RECHECK, {"token": token, "ids": list(ids)}).all():
+    for row_id, is_paused in conn.execute(RECHECK, {"token": token, "ids": _int_array(ids)}).all():
         held.add(int(row_id))
         if is_paused:
             paused.add(int(row_id))
@@ -578,22 +584,16 @@ def _rowcount(result: Any) -> int:
     return int(result.rowcount)
 
 
-def _notification(row: Row[Any]) -> Notification:
-    return Notification(
-        id=row.id,
-        channel=row.channel,
-        recipient=row.recipient,
-        subject=row.subject,
-        body=row.body,
-        payload=row.payload,  # a producer may have written a non-object; dispatch refuses it
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        claim_token=row.claim_token,
-        created_at=row.created_at,
-        dedupe_key=row.dedupe_key,
-        priority=row.priority,
-        guard=row.guard,
-        expires_at=row.expires_at,
-        template=row.template,
-        locale=row.locale,
-    )
+def _int_array(values: Iterable[int | None]) -> str:
+    """An integer array as one literal for ``CAST(... AS bigint[])``: psycopg dumps a list
+    element by element, which every batch would pay for each of its rows."""
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def driver(conn: Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``conn``, for COPY and for results read without a layer
+    between; it is inside ``conn``'s transaction."""
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError("notifier needs the psycopg 3 driver (postgresql+psycopg://)")
+    return raw
