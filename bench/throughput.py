@@ -168,7 +168,7 @@ def to_psycopg(sql: str) -> str:
     return _NAMED.sub(r"%(\1)s", sql)
 
 
-CLAIM_SQL = to_psycopg(str(store.CLAIM_DUE))
+CLAIM_SQL = store.CLAIM_DUE  # written for the driver's cursor already
 MARK_SENT_SQL = to_psycopg(str(store.MARK_SENT))
 
 
@@ -207,7 +207,8 @@ def mark_sent_params(token: uuid.UUID, worker: str, ids: list[int]) -> dict[str,
 
 def check_raw_statements() -> None:
     """Refuse to run (1) if notifier's statements take parameters the raw loop cannot bind."""
-    unknown = _parameters(str(store.CLAIM_DUE)) - set(claim_params(uuid.uuid4(), "", 1))
+    claim_names = set(re.findall(r"%\((\w+)\)s", CLAIM_SQL))
+    unknown = claim_names - set(claim_params(uuid.uuid4(), "", 1))
     unknown |= _MARK_SENT_NAMES - set(_mark_sent_values(uuid.uuid4(), "", []))
     if unknown:
         raise SetupError(
