@@ -12,7 +12,8 @@ The life of a batch:
 3. The provider's rate limits grant what they can now; the rest go back to ``pending`` for as
    long as the limiter says, without using up their attempt.
 4. The rest pass their guard, if they name one, and are sent by their provider, several at a
-   time, with no transaction open.
+   time, with no transaction open: many at once on the event loop for providers that can send
+   asynchronously (webhooks), a few at a time in threads for the others (see ``sending``).
 5. ``outcomes.plan`` turns the answers into bulk writes, made in one transaction. A write that
    fails because the database went away is retried until it commits, so a send that happened is
    not forgotten.
@@ -27,7 +28,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
@@ -49,9 +49,9 @@ from notifier.providers import (
     Retry,
     chains,
     parse_failover,
-    provider_name,
 )
 from notifier.retry import RetryPolicy
+from notifier.sending import Sender
 from notifier.settings import Settings
 from notifier.validation import check_common
 
@@ -145,10 +145,7 @@ class Dispatcher:
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
         self._chains = chains(registry, parse_failover(settings.failover))
-        self._pool: ThreadPoolExecutor | None = None
-        self._durations: dict[int, float] = {}
-        #: the provider that answered each row's send, for the history and the metrics
-        self._used: dict[int, str] = {}
+        self._sender = Sender(self._chains, settings)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -235,10 +232,14 @@ class Dispatcher:
         return report
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Release everything: the send threads, and what providers and guards keep open,
+        including connection pools kept across batches (a worker process stopping, tests)."""
+        self._sender.close()
         self.registry.close()
+        for provider in self.registry.values():
+            shutdown = getattr(provider, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
         self.guards.close()
 
     # -- the stages of a batch ------------------------------------------------------------------
@@ -259,15 +260,18 @@ class Dispatcher:
                 results[n.id] = early
         try:
             self._send_all(token, ready, deadline, results, report)
+        except BaseException:  # the batch is lost, its rows left to the rescue: so are its sends
+            self._sender.drop()
+            raise
         finally:
             self.registry.close()
         attempted = [n for n in rows if n.id in results]
         decided = plan(attempted, results, self.policy, self.clock())
         for channel, seconds in decided.throttled.items():
             self._block(channel, seconds)
-        history = attempts_of(attempted, decided, self._durations, self._used)
-        self._durations.clear()
-        self._used.clear()
+        history = attempts_of(attempted, decided, self._sender.durations, self._sender.used)
+        self._sender.durations.clear()
+        self._sender.used.clear()
         report.stale += len(results) - self._record(token, decided, history, rows, results)
         self.observe(history)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
@@ -305,19 +309,19 @@ class Dispatcher:
         """Send ``rows`` into ``results`` as fast as the rate limits allow, several at a time.
 
         Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
-        start in waves as threads come free; before a wave that starts more than
-        ``RECHECK_AFTER`` seconds after the last look, its rows are looked at again, so a row
-        cancelled (or its campaign paused) while its batch was sending is not sent. When
+        start in waves as slots come free (``sending.Sender``); before a wave that starts more
+        than ``RECHECK_AFTER`` seconds after the last look, its rows are looked at again, so a
+        row cancelled (or its campaign paused) while its batch was sending is not sent. When
         stopping, past the deadline, or when the limiter cannot be asked (fail closed), the rows
-        not yet started are handed back without using up their attempt.
+        not yet started are handed back without using up their attempt; sends under way finish.
+        Sends still running ``longest_send_seconds`` after the deadline are abandoned.
         """
+        sender = self._sender
         queue = rows  # not yet granted by the rate limits
         ready: list[Notification] = []  # granted, not yet started
-        futures: dict[Future[Result], int] = {}
-        waiting: set[Future[Result]] = set()
         looked = time.monotonic()
-        slots = self.settings.send_concurrency
-        while queue or ready or waiting:
+        overdue = deadline + self.settings.longest_send_seconds
+        while queue or ready or sender.running:
             pause = 0.05
             closing = self.stopping.is_set() or time.monotonic() >= deadline
             if queue and not closing:
@@ -334,29 +338,24 @@ class Dispatcher:
             if ready and time.monotonic() - looked > RECHECK_AFTER:
                 ready = self._still_wanted(token, ready, report)
                 looked = time.monotonic()
-            if ready and self._inline(ready[0]):
-                inline = [n for n in ready if self._inline(n)]
-                for n in inline:  # no I/O: not worth a thread, and done at once
-                    results[n.id] = self._timed_send(token, n)
-                ready = [n for n in ready if n.id not in results]
-            free = slots - len(waiting)
-            for n in ready[:free]:
-                future = self._executor().submit(self._timed_send, token, n)
-                futures[future] = n.id
-                waiting.add(future)
-            ready = ready[free:] if free > 0 else ready
-            if waiting:
-                done, waiting = wait(waiting, timeout=pause, return_when=FIRST_COMPLETED)
-                for future in done:
-                    results[futures[future]] = future.result()
-                if waiting and time.monotonic() > deadline + self.settings.longest_send_seconds:
-                    self._abandon(waiting, futures, results)
-                    waiting = set()
+            ready = self._start(token, ready, results)
+            if sender.running:
+                results.update(sender.wait(pause))
+                if sender.running and time.monotonic() > overdue:
+                    results.update(sender.abandon())
             elif queue and not ready:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
 
-    def _inline(self, n: Notification) -> bool:
-        return n.guard is None and bool(getattr(self._chains[n.channel][0], "inline", False))
+    def _start(
+        self, token: UUID, ready: list[Notification], results: dict[int, Result]
+    ) -> list[Notification]:
+        """Send the inline rows at once and start the others as slots allow; return the rest."""
+        if ready and self._sender.inline(ready[0]):
+            for n in ready:  # no I/O: not worth a thread, and done at once
+                if self._sender.inline(n):
+                    results[n.id] = self._sender.send_inline(n)
+            ready = [n for n in ready if n.id not in results]
+        return self._sender.start(ready, lambda n: self._ask_guard(token, n))
 
     def _still_wanted(
         self, token: UUID, rows: list[Notification], report: BatchReport
@@ -367,24 +366,6 @@ class Dispatcher:
         if paused:
             report.released += self._write(lambda c: store.park_claimed(c, token, paused))
         return [n for n in rows if n.id in held and n.id not in paused]
-
-    def _abandon(
-        self,
-        running: set[Future[Result]],
-        futures: dict[Future[Result], int],
-        results: dict[int, Result],
-    ) -> None:
-        """Stop waiting for sends that outlived every timeout (a receiver dripping its answer a
-        byte at a time resets a read timeout for ever). Their rows are retried; a send that did
-        get through is then the counted duplicate, instead of a task killed by its time limit
-        with the whole batch's outcomes lost. The stuck threads are left to their pool."""
-        limit = self.settings.longest_send_seconds
-        for future in running:
-            results[futures[future]] = Retry(f"send still running after {limit:.0f}s; abandoned")
-        log.warning("abandoned %d sends that outlived their timeouts", len(running))
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
 
     def _grant(
         self, queue: list[Notification]
@@ -413,45 +394,6 @@ class Dispatcher:
             self.limiter.block(channel, seconds)
         except Exception:  # the rows are deferred anyway; this only spares the provider
             log.warning("could not hold %s back for %.0fs in the limiter", channel, seconds)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.settings.send_concurrency, thread_name_prefix="notifier-send"
-            )
-        return self._pool
-
-    def _timed_send(self, token: UUID, n: Notification) -> Result:
-        started = time.perf_counter()
-        try:
-            return self._send_one(token, n)
-        finally:
-            self._durations[n.id] = time.perf_counter() - started
-
-    def _send_one(self, token: UUID, n: Notification) -> Result:
-        if n.guard is not None:
-            objection = self._ask_guard(token, n)
-            if objection is not None:
-                return objection
-        chain = self._chains[n.channel]
-        outcome: Result = Retry("no provider was tried")
-        failed: list[str] = []
-        for provider in chain:
-            name = provider_name(provider)
-            self._used[n.id] = name
-            try:
-                outcome = provider.send(n)
-            except Exception as exc:  # a provider bug must not lose the batch's other outcomes
-                log.exception("provider %s raised on notification %d", name, n.id)
-                outcome = Retry(f"{name} provider raised {type(exc).__name__}: {exc}")
-            if not isinstance(outcome, Retry) or provider is chain[-1]:
-                break
-            # A transient failure: the next provider of the channel gets the row before it
-            # counts as a failed attempt.
-            failed.append(f"{name}: {outcome.error}")
-        if failed and isinstance(outcome, Retry):
-            return Retry("; ".join([*failed, f"{self._used[n.id]}: {outcome.error}"]))
-        return outcome
 
     def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
         """The guard's objection as a result, or ``None`` if the row may be sent now."""

@@ -52,7 +52,14 @@ class Settings(BaseSettings):
     """How long one dispatch task keeps claiming batches before it hands over to a fresh task."""
 
     send_concurrency: int = Field(8, gt=0, le=256)
-    """Sends of one batch that run at once in a worker process (a thread pool)."""
+    """Sends of one batch that run at once in a worker process's thread pool: those of providers
+    without ``send_async`` (email, SMS, push) and those of rows with a guard."""
+
+    async_send_concurrency: int = Field(100, gt=0, le=10_000)
+    """Sends of one batch that run at once on a worker process's event loop: rows without a guard
+    whose providers all have ``send_async`` (webhooks). A waiting coroutine costs little, unlike a
+    thread, so this is larger; each holds a keep-alive connection to its receiver. More than
+    ``batch_size`` never run at once."""
 
     lease_seconds: int = Field(300, gt=0)
     """How long a claimed row belongs to its worker before the rescue may take it back."""
@@ -91,7 +98,8 @@ class Settings(BaseSettings):
     """Signs webhooks Standard-Webhooks style when set (``whsec_`` + base64, or any string)."""
 
     webhook_timeout: float = Field(10.0, gt=0)
-    """Seconds allowed to connect to a webhook target and for each read."""
+    """Seconds allowed to connect to a webhook target and for each read; a whole send (connect,
+    request, answer) is allowed three times that."""
 
     webhook_allow_http: bool = False
     """Accept plain ``http://`` webhook targets (local development and tests only)."""

@@ -17,6 +17,7 @@ of triggers.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import guards, health, logs, metrics, ops, store
+from notifier import eventloop, guards, health, logs, metrics, ops, store
 from notifier.dispatch import Dispatcher, SendingPaused
 from notifier.providers import load_registry
 from notifier.ratelimit import RateLimiter, parse_limits
@@ -215,6 +216,39 @@ def _after_fork(**_: Any) -> None:
         _dispatcher()
     except Exception:  # a broken plugin or setting shows in the first dispatch too
         log.exception("could not prepare the dispatcher")
+    _tune_garbage_collector()
+
+
+#: Allocations between two collections of the youngest generation (Python's default: 700).
+YOUNG_COLLECTION_THRESHOLD = 10_000
+
+
+def _tune_garbage_collector() -> None:
+    """Freeze what start-up made, and collect young objects less often.
+
+    A pool process holds a large heap that lives as long as it does (Celery, SQLAlchemy, the
+    providers), and every full collection walks all of it: with Python's defaults a busy worker
+    ran one about every second, and collections took a fifth of its CPU in a webhook drain.
+    Frozen objects are never walked again; a higher first threshold makes rarer the young
+    collections that each batch of sends triggers by the hundred. Reference cycles are still
+    collected, only less often.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, oldest)
+
+
+@signals.worker_process_shutdown.connect
+def _close_before_exit(**_: Any) -> None:
+    """A pool process about to exit closes its keep-alive connections (receivers see a clean
+    close, not a reset) and stops its event loop."""
+    try:
+        if _dispatcher.cache_info().currsize:
+            _dispatcher().close()
+        eventloop.stop()
+    except Exception:  # exiting anyway: the kernel closes what is left
+        log.exception("could not close the dispatcher cleanly")
 
 
 @signals.worker_shutting_down.connect

@@ -1,7 +1,8 @@
 """A real HTTP webhook receiver on loopback that records each delivery and can be made slow.
 
 Threaded, so slow requests do not queue behind each other like they would on a single-threaded
-test server.
+test server; HTTP/1.1 with keep-alive, like the receivers notifier meets in production, and with
+a listen backlog deep enough for a worker's every concurrent send to connect at once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+
 @dataclass
 class Receiver:
     #: seconds each request waits before it is answered
@@ -22,6 +28,10 @@ class Receiver:
     status: int = 200
     deliveries: list[tuple[str, float, float]] = field(default_factory=list)
     """(webhook-id, time the request arrived, time it was answered), monotonic."""
+    requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    """Every request's headers and body, in the order they arrived."""
+    connections: int = 0
+    """TCP connections accepted: fewer than requests when the client keeps them alive."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -29,10 +39,21 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body in two writes: no delayed ACK
+
+            def setup(self) -> None:
+                super().setup()
+                with receiver._lock:
+                    receiver.connections += 1
+
             def do_POST(self) -> None:
                 arrived = time.monotonic()
                 length = int(self.headers.get("Content-Length", 0))
-                json.loads(self.rfile.read(length))
+                body = self.rfile.read(length)
+                json.loads(body)
+                with receiver._lock:
+                    receiver.requests.append((dict(self.headers.items()), body))
                 time.sleep(receiver.delay)
                 self.send_response(receiver.status)
                 self.send_header("Content-Length", "0")
@@ -45,8 +66,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -63,3 +83,21 @@ class Receiver:
     def counts(self) -> Counter[str]:
         with self._lock:
             return Counter(d[0] for d in self.deliveries)
+
+    def arrived(self) -> int:
+        """Requests received so far, answered or not."""
+        with self._lock:
+            return len(self.requests)
+
+    def most_at_once(self) -> int:
+        """The largest number of requests the receiver was handling at the same moment."""
+        with self._lock:
+            edges = sorted(
+                [(arrived, 1) for _, arrived, _ in self.deliveries]
+                + [(answered, -1) for _, _, answered in self.deliveries]
+            )
+        most = current = 0
+        for _, step in edges:
+            current += step
+            most = max(most, current)
+        return most

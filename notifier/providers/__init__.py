@@ -9,18 +9,21 @@ from collections.abc import Iterable
 
 from notifier import plugins
 from notifier.providers.base import (
+    AsyncProvider,
     InvalidNotification,
     Outcome,
     Permanent,
     Provider,
     Retry,
     Sent,
+    can_send_async,
 )
 
 ENTRY_POINT_GROUP = "notifier.providers"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "AsyncProvider",
     "InvalidNotification",
     "Outcome",
     "Permanent",
@@ -28,6 +31,7 @@ __all__ = [
     "Registry",
     "Retry",
     "Sent",
+    "can_send_async",
     "chains",
     "load_registry",
     "parse_failover",

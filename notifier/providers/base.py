@@ -8,10 +8,15 @@ A provider never touches the database or Redis. It answers each send with one of
 
 ``validate`` runs before any network call; it raises ``InvalidNotification`` with a message that
 tells the producer what to fix, and the row goes to ``dead`` after that one attempt.
+
+A provider that can also send without a thread offers ``send_async`` (``AsyncProvider``): the
+dispatcher then runs many of its sends at once on the worker process's event loop, where each
+costs far less than a thread of its own.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -52,7 +57,9 @@ class Provider(Protocol):
     """A way to deliver one channel's notifications.
 
     ``send`` may be called from several threads at once; ``close`` is called after every batch
-    and releases what the sends of that batch kept open (e.g. SMTP connections).
+    and releases what the sends of that batch kept open (e.g. SMTP connections). A provider may
+    also have ``shutdown()``, called when its worker process stops (``Dispatcher.close``), to
+    close what it keeps across batches, such as a pool of keep-alive connections.
     """
 
     channel: ClassVar[str]
@@ -62,6 +69,29 @@ class Provider(Protocol):
     def send(self, notification: Notification) -> Outcome: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncProvider(Provider, Protocol):
+    """A provider whose sends can also run as coroutines on the worker's event loop.
+
+    The dispatcher awaits ``send_async`` (on ``notifier.eventloop``'s loop) for a row that names
+    no guard and whose channel's providers, failover ones included, all offer it; other rows go
+    through ``send`` in a thread. ``send_async`` answers exactly like ``send``, and:
+
+    * never blocks the loop: no blocking I/O (resolve names in an executor), no long computation;
+    * bounds itself with a total timeout of at most ``Settings.longest_send_seconds``, so that it
+      ends by itself like ``send`` does through its connect and read timeouts;
+    * may be cancelled at any ``await`` (``asyncio.CancelledError``): the dispatcher cancels the
+      sends still running ``longest_send_seconds`` after its deadline, and retries their rows.
+    """
+
+    async def send_async(self, notification: Notification) -> Outcome: ...
+
+
+def can_send_async(provider: Provider) -> bool:
+    """Whether ``provider`` offers a real coroutine ``send_async`` (see ``AsyncProvider``)."""
+    return isinstance(provider, AsyncProvider) and inspect.iscoroutinefunction(provider.send_async)
 
 
 def truncate(text: str, limit: int = 500) -> str:

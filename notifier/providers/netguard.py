@@ -10,14 +10,16 @@ on the private network that trusts requests from inside it. The rule:
   IPv6 address; a host with one bad address among good ones is refused as a whole;
 * unless the address is in ``NOTIFIER_WEBHOOK_ALLOWED_NETWORKS``, the operator's exceptions.
 
-**Where the check runs.** ``GuardedBackend`` is the httpcore network backend of the webhook
-client: it resolves the host itself, checks every address, then connects to one of those very
-addresses. What is checked is therefore exactly what is connected to, which closes the DNS
-rebinding window (a name that answers a public address to a first lookup and 127.0.0.1 to the
-second) and makes URL-parser tricks (``127.1``, ``0x7f.1``, ``2130706433``, userinfo
-confusion) pointless: whatever httpcore would connect to goes through the check. TLS still
-verifies the certificate against the host name, because httpcore starts TLS on top of the
-connected socket with the original host as server name. Pooled keep-alive connections were
+**Where the check runs.** The webhook client (aiohttp) connects only through two checks:
+``GuardedResolver`` resolves a host name itself and refuses it if any of its addresses is
+refused, and the client then connects to those very addresses; ``guarded_socket``, the client's
+socket factory, checks again the address each socket is about to connect to, the one place every
+connection passes whatever its host was (an IP literal never reaches a resolver). What is
+checked is therefore exactly what is connected to, which closes the DNS rebinding window (a name
+that answers a public address to a first lookup and 127.0.0.1 to the second) and makes URL-parser
+tricks (``0x7f.1``, userinfo confusion) pointless; the legacy numeric forms (``127.1``,
+``2130706433``) are refused outright (``legacy_ipv4``). TLS still verifies the certificate against
+the host name, which the client keeps as the server name. Pooled keep-alive connections were
 checked when they were opened.
 
 **Redirects** are never followed (a 3xx is a ``Permanent`` outcome), so no redirect can lead
@@ -27,14 +29,14 @@ used for webhooks: through a proxy the check would vet the proxy, not the target
 
 from __future__ import annotations
 
+import asyncio
 import socket
-import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
+from typing import Any
 
-import httpcore
-import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -163,7 +165,7 @@ class AddressPolicy:
     def check_literal(self, host: str) -> str | None:
         """The reason to refuse ``host`` if it is an IP address literal; no DNS is involved.
 
-        Hosts that are names, or that only some resolvers read as addresses (``127.1``), are
+        Hosts that are names, or that only some resolvers read as addresses (``0x7f.1``), are
         left to ``resolve``, which sees what the resolver makes of them.
         """
         ip = _literal(host)
@@ -194,6 +196,13 @@ class AddressPolicy:
         return any(c in net for c in candidates for net in self.allowed)
 
 
+def legacy_ipv4(host: str) -> bool:
+    """Digits and dots, yet not a dotted quad (``127.1``, ``2130706433``): the C library reads
+    such a host as an IPv4 address; the webhook client refuses to guess, and so does
+    ``WebhookProvider.validate``."""
+    return host.replace(".", "").isdigit() and _literal(host) is None
+
+
 def _literal(host: str) -> IPAddress | None:
     try:
         return ip_address(host)
@@ -201,57 +210,69 @@ def _literal(host: str) -> IPAddress | None:
         return None
 
 
-class GuardedBackend(httpcore.SyncBackend):
-    """httpcore's blocking backend, connecting only to addresses the policy allows.
+class GuardedResolver(AbstractResolver):
+    """The webhook client's resolver: every address of the host, all of them allowed.
 
-    The host is resolved here, once; the connection goes to the vetted address literally, so
-    the stock ``connect_tcp`` below does no lookup of its own.
+    The lookup is the blocking ``AddressPolicy.resolve``, run in the loop's default executor so
+    the loop never waits on DNS. DNS trouble is an ``OSError``, which the client reports as a
+    connection error (the row is retried); a refused address raises ``BlockedAddress``.
     """
 
     def __init__(self, policy: AddressPolicy) -> None:
         self.policy = policy
 
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        loop = asyncio.get_running_loop()
         try:
-            addresses = self.policy.resolve(host, port)
-        except (OSError, UnicodeError) as exc:  # DNS trouble is transient: the row is retried
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        options = list(socket_options or ())
-        last: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
-        for address in addresses:  # one after the other, as socket.create_connection does
-            try:
-                return super().connect_tcp(address, port, timeout, local_address, options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                last = exc
-        assert last is not None  # resolve() returns at least one address
-        raise last
+            addresses = await loop.run_in_executor(None, self.policy.resolve, host, port)
+        except UnicodeError as exc:  # a label the IDNA codec refuses
+            raise OSError(socket.EAI_NONAME, f"cannot resolve {host}: {exc}") from exc
+        except socket.gaierror as exc:
+            raise OSError(exc.errno, f"cannot resolve {host}: {exc.strerror}") from exc
+        return [_resolved(host, address, port) for address in addresses]
+
+    async def close(self) -> None:
+        return None
 
 
-def guarded_transport(policy: AddressPolicy, limits: httpx.Limits) -> httpx.HTTPTransport:
-    """An ``httpx.HTTPTransport`` whose connections all go through ``GuardedBackend``.
+def _resolved(host: str, address: str, port: int) -> ResolveResult:
+    ipv6 = ":" in address
+    return {
+        "hostname": host,
+        "host": address,
+        "port": port,
+        "family": socket.AF_INET6 if ipv6 else socket.AF_INET,
+        "proto": 0,
+        "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+    }
 
-    httpx has no public way to pass a network backend, so the transport's httpcore pool is
-    replaced by one built with it. Should a future httpx keep its pool elsewhere, this raises
-    when the client is built (on the first send) rather than letting anything out unchecked.
+
+#: (family, type, proto, canonical name, socket address), as ``socket.getaddrinfo`` gives them
+AddrInfo = tuple[int, int, int, str, tuple[Any, ...]]
+
+
+def guarded_socket(policy: AddressPolicy) -> Callable[[AddrInfo], socket.socket]:
+    """The webhook client's socket factory: a socket only for an address the policy allows.
+
+    Called with the very address about to be connected to, whether it came from
+    ``GuardedResolver`` or was an IP literal in the URL; raises ``BlockedAddress`` otherwise.
     """
-    transport = httpx.HTTPTransport(limits=limits)
-    if not isinstance(getattr(transport, "_pool", None), httpcore.ConnectionPool):
-        raise RuntimeError(
-            "httpx.HTTPTransport no longer keeps an httpcore.ConnectionPool in _pool; the "
-            "webhook address check cannot be installed (pin httpx or update netguard.py)"
-        )
-    transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(),
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        network_backend=GuardedBackend(policy),
-    )
-    return transport
+
+    def make(addr_info: AddrInfo) -> socket.socket:
+        family, kind, proto, _, sockaddr = addr_info
+        address = str(sockaddr[0])
+        try:
+            ip = ip_address(address)
+        except ValueError:  # a name: not resolved by the resolver above, so never checked
+            raise BlockedAddress(
+                f"webhook target {address} was not resolved through the address check; "
+                "notifier does not connect to it"
+            ) from None
+        reason = policy.refusal(address, ip)
+        if reason is not None:
+            raise BlockedAddress(reason)
+        return socket.socket(family=family, type=kind, proto=proto)
+
+    return make

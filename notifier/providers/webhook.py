@@ -4,6 +4,11 @@ Requests follow Standard Webhooks (standardwebhooks.com): ``webhook-id`` is stab
 retries so receivers can drop duplicates, and with ``NOTIFIER_WEBHOOK_SECRET`` set every request
 carries ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``.
 
+Sends are coroutines (``send_async``, on aiohttp): the dispatcher runs many at once on the worker
+process's event loop, where a send waiting for its receiver costs almost nothing. The blocking
+``send`` (rows with a guard, which go through threads) waits on that same loop for
+``send_async``, so there is one client, one pool of keep-alive connections and one behaviour.
+
 Targets on internal networks are refused (``netguard``): an IP literal already by ``validate``,
 a host name when its connection is opened, against the very addresses it then connects to.
 Redirects are never followed, so they cannot lead anywhere unchecked.
@@ -11,12 +16,12 @@ Redirects are never followed, so they cannot lead anywhere unchecked.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
 import json
-import threading
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -24,26 +29,34 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
+import yarl
 
+from notifier import eventloop
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
-from notifier.providers.netguard import AddressPolicy, BlockedAddress, guarded_transport
+from notifier.providers.netguard import (
+    AddressPolicy,
+    BlockedAddress,
+    GuardedResolver,
+    guarded_socket,
+    legacy_ipv4,
+)
 from notifier.settings import Settings, get_settings
 
 MAX_URL_LENGTH = 2048
 ERROR_BODY_BYTES = 1024
+#: Seconds an idle keep-alive connection is kept: shorter than most receivers' own idle
+#: timeout, so a receiver seldom closes a connection just as a send reuses it.
+KEEPALIVE_SECONDS = 5.0
 
 
-def _limits(settings: Settings) -> httpx.Limits:
-    """Keep as many idle connections as sends run at once, so a busy worker reuses them
-    instead of closing and reopening one per send (httpx keeps only 20 by default)."""
-    concurrency = settings.send_concurrency
-    return httpx.Limits(
-        max_connections=max(100, 2 * concurrency),
-        max_keepalive_connections=max(20, concurrency),
-        keepalive_expiry=5.0,
-    )
+def _pool_size(settings: Settings) -> int:
+    """A connection for every send that can run at once in the process, on the loop and in
+    threads, all kept alive: with fewer, a busy worker closes and reopens one per send (the
+    churn that also widens the window for duplicates)."""
+    return settings.async_send_concurrency + settings.send_concurrency
 
 
 def _user_agent() -> str:
@@ -83,11 +96,11 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 class WebhookProvider:
-    """Sends through one ``httpx.Client`` shared by every send thread, created on first use.
+    """Sends through one ``aiohttp.ClientSession``, made on first use on the loop that sends.
 
-    The client is kept across batches so connections to busy receivers are reused; httpx drops
-    those idle past its keep-alive expiry (5 s) the next time the pool is used. ``close`` is
-    therefore a no-op, and ``shutdown`` really closes the client (tests, process exit).
+    The session is kept across batches so connections to busy receivers are reused; aiohttp
+    drops those idle for ``KEEPALIVE_SECONDS``. ``close`` (after every batch) is therefore a
+    no-op, and ``shutdown`` really closes the session (worker shutdown, tests).
     """
 
     channel: ClassVar[str] = "webhook"
@@ -97,9 +110,17 @@ class WebhookProvider:
         secret = self._settings.webhook_secret
         self._key = _signing_key(secret) if secret else None
         self._timeout = self._settings.webhook_timeout
+        # Connecting (waiting for a pooled connection included), each read, and the whole send:
+        # aiohttp has no write timeout, so the total also ends a receiver that stops reading.
+        self._timeouts = aiohttp.ClientTimeout(
+            total=3 * self._timeout,
+            connect=self._timeout,
+            sock_connect=self._timeout,
+            sock_read=self._timeout,
+        )
         self._policy = AddressPolicy(self._settings.webhook_allowed_networks)
-        self._client: httpx.Client | None = None
-        self._lock = threading.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def validate(self, notification: Notification) -> None:
         url = notification.recipient
@@ -130,18 +151,73 @@ class WebhookProvider:
             )
         try:
             parts.port  # noqa: B018 - raises on a port that is not a number in range
-            httpx.URL(url)
-        except (ValueError, httpx.InvalidURL) as exc:
+            yarl.URL(url)
+        except ValueError as exc:
             raise InvalidNotification(f"recipient URL is malformed: {exc}") from None
-        refusal = self._policy.check_literal(parts.hostname)
-        if refusal is not None:
-            raise InvalidNotification(refusal)
+        self._check_host(parts.hostname)
         try:
             self._body(notification)
         except (TypeError, ValueError) as exc:
             raise InvalidNotification(f"payload is not JSON-serializable: {exc}") from None
 
     def send(self, notification: Notification) -> Outcome:
+        """``send_async``, waited for on the process's event loop: for a caller in a thread."""
+        return eventloop.run(self.send_async(notification))
+
+    async def send_async(self, notification: Notification) -> Outcome:
+        """POST the row; every failure becomes an outcome, within ``3 * webhook_timeout``."""
+        msg_id, body, headers = self._request(notification)
+        try:
+            url = yarl.URL(notification.recipient)
+        except ValueError as exc:
+            return Permanent(truncate(f"recipient URL is malformed: {exc}"))
+        host = _host_and_port(url)
+        try:
+            post = self._client().post(url, data=body, headers=headers, allow_redirects=False)
+            async with post as response:
+                return await _outcome(response, msg_id, host)
+        except BlockedAddress as exc:  # raised by the connection, before anything was sent
+            return Permanent(str(exc))
+        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
+            return Retry(self._timed_out(exc, host))
+        except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 host: never called
+            return Permanent(truncate(f"recipient URL is malformed: {exc}"))
+        except aiohttp.ClientConnectorError as exc:  # DNS failures too
+            return Retry(truncate(f"ConnectError POSTing to {host}: {exc.strerror or exc}"))
+        except aiohttp.ClientResponseError as exc:  # not HTTP; its str() repeats the whole URL
+            return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc.message}"))
+        except (aiohttp.ClientError, OSError) as exc:
+            return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
+
+    def close(self) -> None:
+        """Called after every batch; keeps the session so the next batch reuses its connections."""
+
+    def shutdown(self) -> None:
+        """Close the session and its connections; a later send opens a new one.
+
+        Call it from a thread, not from a coroutine on the session's loop.
+        """
+        session, loop = self._session, self._session_loop
+        self._session = self._session_loop = None
+        if session is None or loop is None or loop.is_closed():
+            return
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
+        else:
+            loop.run_until_complete(session.close())
+
+    def _check_host(self, host: str) -> None:
+        refusal = self._policy.check_literal(host)
+        if refusal is not None:
+            raise InvalidNotification(refusal)
+        if legacy_ipv4(host):
+            raise InvalidNotification(
+                f"recipient host {host} is an IPv4 address in a legacy short or numeric form, "
+                "which is not sent to; write it as four decimal numbers, e.g. 203.0.113.7"
+            )
+
+    def _request(self, notification: Notification) -> tuple[str, bytes, dict[str, str]]:
+        """The webhook-id, the body and the headers: Standard Webhooks, signed with a secret."""
         body = self._body(notification)
         msg_id = f"notification-{notification.id}"
         timestamp = str(int(time.time()))
@@ -155,55 +231,47 @@ class WebhookProvider:
             signed = f"{msg_id}.{timestamp}.".encode() + body
             digest = hmac.new(self._key, signed, hashlib.sha256).digest()
             headers["webhook-signature"] = "v1," + base64.b64encode(digest).decode()
-        url = httpx.URL(notification.recipient)
-        host = url.host + (f":{url.port}" if url.port else "")
-        try:
-            with self._get_client().stream("POST", url, content=body, headers=headers) as response:
-                status = response.status_code
-                if 200 <= status < 300:
-                    _read_some(response)  # an exhausted small body lets the connection be reused
-                    return Sent(msg_id)
-                if 300 <= status < 400:
-                    location = response.headers.get("location", "nowhere")
-                    return Permanent(
-                        f"HTTP {status} redirect to {truncate(location, 200)}; redirects are "
-                        "not followed, update the URL"
-                    )
-                error = f"HTTP {status} from {host}: {truncate(_read_some(response), 300)}"
-                if status in (408, 429) or status >= 500:
-                    retry_after = parse_retry_after(response.headers.get("retry-after"))
-                    return Retry(error, retry_after, throttled=status == 429)
-                return Permanent(error)
-        except BlockedAddress as exc:  # raised by the connection, before anything was sent
-            return Permanent(str(exc))
-        except httpx.TimeoutException as exc:
-            return Retry(
-                f"timed out ({type(exc).__name__}) after the {self._timeout:g}s limit "
-                f"POSTing to {host}"
+        return msg_id, body, headers
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The session of the running loop; made on first use, since it belongs to one loop."""
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._session_loop is not loop:
+            if self._session_loop is not None and not self._session_loop.is_closed():
+                raise RuntimeError("WebhookProvider is already sending on another event loop")
+            self._session = None  # its loop is gone, and its connections with it
+        if self._session is None:
+            self._session, self._session_loop = self._new_session(), loop
+        return self._session
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=_pool_size(self._settings),
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            resolver=GuardedResolver(self._policy),
+            socket_factory=guarded_socket(self._policy),
+            happy_eyeballs_delay=None,  # one address after the other, as the check returned them
+            ssl=httpx.create_ssl_context(),  # the CA bundle of notifier's other HTTPS calls
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeouts,
+            headers={"User-Agent": _user_agent()},
+            cookie_jar=aiohttp.DummyCookieJar(),  # one receiver's cookies go nowhere
+            auto_decompress=False,  # the error text is read raw, never decompressed
+            trust_env=False,  # no HTTPS_PROXY: the address check must see the real target
+        )
+
+    def _timed_out(self, exc: TimeoutError, host: str) -> str:
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            kind = (
+                "ConnectTimeout"
+                if isinstance(exc, aiohttp.ConnectionTimeoutError)
+                else "ReadTimeout"
             )
-        except httpx.TransportError as exc:
-            return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
-
-    def close(self) -> None:
-        """Called after every batch; keeps the client so the next batch reuses its connections."""
-
-    def shutdown(self) -> None:
-        """Close the client and its connections; a later send opens a new one."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _get_client(self) -> httpx.Client:
-        with self._lock:
-            if self._client is None:
-                self._client = httpx.Client(
-                    transport=guarded_transport(self._policy, _limits(self._settings)),
-                    timeout=httpx.Timeout(self._timeout),
-                    follow_redirects=False,
-                    headers={"User-Agent": _user_agent()},
-                )
-            return self._client
+            return f"timed out ({kind}) after the {self._timeout:g}s limit POSTing to {host}"
+        total = self._timeouts.total
+        return f"timed out (the whole send) after its {total:g}s limit POSTing to {host}"
 
     @staticmethod
     def _body(n: Notification) -> bytes:
@@ -211,11 +279,37 @@ class WebhookProvider:
         return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _read_some(response: httpx.Response) -> str:
+async def _outcome(response: aiohttp.ClientResponse, msg_id: str, host: str) -> Outcome:
+    """What the receiver's answer means for the row."""
+    status = response.status
+    if 200 <= status < 300:
+        await _read_some(response)  # an exhausted small body lets the connection be reused
+        return Sent(msg_id)
+    if 300 <= status < 400:
+        location = response.headers.get("location", "nowhere")
+        return Permanent(
+            f"HTTP {status} redirect to {truncate(location, 200)}; redirects are "
+            "not followed, update the URL"
+        )
+    error = f"HTTP {status} from {host}: {truncate(await _read_some(response), 300)}"
+    if status in (408, 429) or status >= 500:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return Retry(error, retry_after, throttled=status == 429)
+    return Permanent(error)
+
+
+async def _read_some(response: aiohttp.ClientResponse) -> str:
     """At most ``ERROR_BODY_BYTES`` of the body: enough to explain an error, bounded in size."""
     chunks = bytearray()
-    for chunk in response.iter_raw():
-        chunks += chunk
-        if len(chunks) >= ERROR_BODY_BYTES:
+    while len(chunks) < ERROR_BODY_BYTES:
+        chunk = await response.content.read(ERROR_BODY_BYTES - len(chunks))
+        if not chunk:
             break
-    return bytes(chunks[:ERROR_BODY_BYTES]).decode("utf-8", errors="replace")
+        chunks += chunk
+    return bytes(chunks).decode("utf-8", errors="replace")
+
+
+def _host_and_port(url: yarl.URL) -> str:
+    """How errors name the target: host, and the port when the URL gives one."""
+    port = url.explicit_port
+    return (url.host or "") + (f":{port}" if port is not None else "")

@@ -30,6 +30,7 @@ def receiver(services: Services) -> Iterator[Receiver]:
         NOTIFIER_WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8",
         NOTIFIER_BATCH_SIZE="20",
         NOTIFIER_SEND_CONCURRENCY="2",
+        NOTIFIER_ASYNC_SEND_CONCURRENCY="2",  # webhook sends run on the event loop
     )
     yield r
     r.stop()

@@ -537,9 +537,8 @@ def test_row_cancelled_while_its_batch_is_sending_is_not_sent(
         " ('webhook', :hook, 'first'), ('webhook', :hook, 'second') RETURNING id",
         hook=httpserver.url_for("/hook"),
     )
-    dispatcher = _dispatcher(
-        engine, settings.model_copy(update={"send_concurrency": 1}), monkeypatch, None
-    )
+    one_at_a_time = {"send_concurrency": 1, "async_send_concurrency": 1}
+    dispatcher = _dispatcher(engine, settings.model_copy(update=one_at_a_time), monkeypatch, None)
     dispatcher.run_once()
     dispatcher.close()
 

@@ -371,9 +371,8 @@ REFUSED = [
     # host as written in the URL, what the error says, whether validate() already refuses it
     ("127.0.0.1", "webhook target 127.0.0.1 is a loopback address (in 127.0.0.0/8)", True),
     ("localhost", "webhook target localhost resolves to ", False),  # 127.0.0.1 and/or ::1
-    ("127.1", "webhook target 127.1 resolves to 127.0.0.1, a loopback address", False),
-    ("2130706433", "resolves to 127.0.0.1, a loopback address (in 127.0.0.0/8)", False),
-    ("0x7f.0.0.1", "resolves to 127.0.0.1, a loopback address (in 127.0.0.0/8)", False),
+    ("0x7f.0.0.1", "webhook target 0x7f.0.0.1 resolves to 127.0.0.1, a loopback address", False),
+    ("0x7f.1", "resolves to 127.0.0.1, a loopback address (in 127.0.0.0/8)", False),
     ("0.0.0.0", "webhook target 0.0.0.0 is an unspecified address (in 0.0.0.0/8)", True),
     ("[::ffff:127.0.0.1]", "is an IPv4-mapped loopback address (in 127.0.0.0/8)", True),
     ("[::1]", "webhook target ::1 is a loopback address (in ::1/128)", True),
@@ -416,7 +415,7 @@ def test_internal_targets_are_refused_without_a_connection(
     ("host", "allowed"),
     [
         ("127.0.0.1", "127.0.0.0/8"),
-        ("127.1", "127.0.0.0/8"),
+        ("0x7f.1", "127.0.0.0/8"),
         ("[::ffff:127.0.0.1]", "127.0.0.0/8"),  # allowed through the IPv4 network it maps
         ("localhost", LOOPBACK),
         ("127.0.0.1", "10.0.0.0/8, 127.0.0.1/32"),
@@ -437,6 +436,21 @@ def test_allowed_networks_are_sent_to(
     url = (server.url + "/hook").replace("127.0.0.1", host)
     assert isinstance(make_provider(allowed=allowed).send(notification(url)), Sent)
     assert server.requests == 1
+
+
+@pytest.mark.parametrize("host", ["127.1", "2130706433", "127.0.0.1."])
+def test_legacy_numeric_addresses_are_refused_even_when_allowed(
+    make_provider: MakeProvider, listeners: dict[str, Listener], host: str
+) -> None:
+    """The C library reads these as 127.0.0.1; notifier refuses to guess what they mean."""
+    row = notification(f"http://{host}:{listeners['v4'].port}/hook")
+    provider = make_provider(allowed=LETS_THROUGH, timeout=0.5)
+    with pytest.raises(InvalidNotification, match="legacy short or numeric form"):
+        provider.validate(row)
+    outcome = provider.send(row)  # the client's own refusal, without validate()
+    assert isinstance(outcome, Permanent)
+    assert host in outcome.error
+    assert listeners["v4"].connections() == 0
 
 
 @pytest.mark.parametrize(

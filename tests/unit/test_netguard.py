@@ -1,16 +1,26 @@
 """The webhook address rule, pure: which addresses are internal, what the operator may allow.
 
-No traffic: ``resolve`` is only given numeric hosts, which the resolver reads without a query.
+No traffic: ``resolve`` is only given numeric hosts, which the resolver reads without a query,
+and the sockets the socket factory makes are never connected.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from ipaddress import ip_address, ip_network
 
 import pytest
 from pydantic import ValidationError
 
-from notifier.providers.netguard import AddressPolicy, BlockedAddress, forbidden
+from notifier.providers.netguard import (
+    AddressPolicy,
+    BlockedAddress,
+    GuardedResolver,
+    forbidden,
+    guarded_socket,
+    legacy_ipv4,
+)
 from notifier.settings import Settings
 
 CLASSIFIED = [
@@ -148,3 +158,39 @@ def test_a_bad_network_is_a_clear_settings_error(
     with pytest.raises(ValidationError, match="webhook_allowed_networks") as error:
         Settings()
     assert says in str(error.value)
+
+
+def _addr_info(host: str) -> tuple[int, int, int, str, tuple[str, int]]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, 443)
+
+
+def test_the_socket_factory_checks_the_very_address_it_connects_to() -> None:
+    """The last check, whatever the URL's host was: it sees the address about to be used."""
+    make = guarded_socket(AddressPolicy([ip_network("10.0.0.0/8")]))
+    with pytest.raises(BlockedAddress, match=r"webhook target 127\.0\.0\.1 is a loopback address"):
+        make(_addr_info("127.0.0.1"))
+    with pytest.raises(BlockedAddress, match="IPv4-mapped loopback"):
+        make(_addr_info("::ffff:127.0.0.1"))
+    with pytest.raises(BlockedAddress, match="was not resolved through the address check"):
+        make(_addr_info("localhost"))
+    with make(_addr_info("10.1.2.3")) as allowed:
+        assert allowed.family == socket.AF_INET
+
+
+def test_the_resolver_hands_the_client_only_checked_addresses() -> None:
+    allowed = GuardedResolver(AddressPolicy([ip_network("127.0.0.0/8")]))
+    [result] = asyncio.run(allowed.resolve("127.0.0.1", 8443))
+    assert (result["hostname"], result["host"], result["port"]) == ("127.0.0.1", "127.0.0.1", 8443)
+    assert result["family"] == socket.AF_INET
+    with pytest.raises(BlockedAddress, match="is a loopback address"):
+        asyncio.run(GuardedResolver(AddressPolicy()).resolve("127.0.0.1", 8443))
+
+
+@pytest.mark.parametrize(
+    ("host", "legacy"),
+    [("127.1", True), ("2130706433", True), ("127.0.0.1.", True), ("127.0.0.1", False),
+     ("0x7f.1", False), ("example.com", False), ("::1", False)],
+)  # fmt: skip
+def test_legacy_numeric_ipv4_forms(host: str, legacy: bool) -> None:
+    assert legacy_ipv4(host) is legacy

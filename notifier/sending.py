@@ -1,0 +1,285 @@
+"""Sending one row: through its channel's providers in order, in a thread or on the event loop.
+
+A row goes to the next provider of its channel (``NOTIFIER_FAILOVER``) when one fails
+transiently; only when the last has failed too is the attempt a ``Retry``, carrying each
+provider's error. Where the send runs:
+
+* on the worker process's event loop (``notifier.eventloop``), when the row names no guard and
+  every provider of its chain has ``send_async`` (``AsyncProvider``): up to
+  ``async_send_concurrency`` at once, each bounded by its provider's total timeout, and
+  cancelled for real if abandoned;
+* in a thread pool of ``send_concurrency`` threads otherwise: guards are blocking calls, and so
+  are the sends of the other providers;
+* at once, in the caller's thread, for a provider marked ``inline`` (no I/O, e.g. ``null``).
+
+The caller (``Dispatcher._send_all``) starts rows as slots come free and collects results as
+they finish, from one queue fed by both kinds of send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import cast
+
+from notifier import eventloop
+from notifier.models import Notification
+from notifier.outcomes import Result
+from notifier.providers import AsyncProvider, Provider, Retry, can_send_async, provider_name
+from notifier.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Asks a row's guard right before its send: an objection as a result, or None to go ahead.
+Guard = Callable[[Notification], Result | None]
+
+
+class _Ticket:
+    """Tells one start of a row's send from another: a late answer of an abandoned send is
+    dropped instead of being taken for the answer of the row's next send."""
+
+    __slots__ = ()
+
+
+#: (row id, ticket, its result, or the exception its send raised)
+_Finished = tuple[int, _Ticket, Result | BaseException]
+
+
+class Sender:
+    """Runs the sends of a worker process's batches and remembers how each went.
+
+    ``durations`` (seconds, the guard included) and ``used`` (the provider that answered last)
+    are kept per row id for the attempt history; the dispatcher reads and clears them after
+    every batch. Only ``start``, ``wait`` and ``abandon`` are called, from one thread at a time.
+    """
+
+    def __init__(self, chains: dict[str, list[Provider]], settings: Settings) -> None:
+        self._chains = chains
+        self._settings = settings
+        self._async_channels = frozenset(
+            channel for channel, chain in chains.items() if all(map(can_send_async, chain))
+        )
+        self._pool: ThreadPoolExecutor | None = None
+        self._finished: queue.SimpleQueue[_Finished] = queue.SimpleQueue()
+        self._threads: dict[int, _Ticket] = {}  # rows sending in the pool
+        self._coroutines: dict[int, _Ticket] = {}  # rows sending on the loop
+        self._tasks: dict[int, tuple[_Ticket, asyncio.Task[Result]]] = {}  # the loop's thread only
+        self.durations: dict[int, float] = {}
+        self.used: dict[int, str] = {}
+
+    @property
+    def running(self) -> int:
+        """Sends started and not yet collected by ``wait``."""
+        return len(self._threads) + len(self._coroutines)
+
+    def inline(self, n: Notification) -> bool:
+        """Sent at once by the caller: no guard, and a provider that does no I/O."""
+        return n.guard is None and bool(getattr(self._chains[n.channel][0], "inline", False))
+
+    def on_loop(self, n: Notification) -> bool:
+        """Sent on the event loop: no guard to ask, and every provider of its chain can."""
+        return n.guard is None and n.channel in self._async_channels
+
+    def send_inline(self, n: Notification) -> Result:
+        return self._in_thread(n, _no_guard)
+
+    def start(self, rows: list[Notification], guard: Guard) -> list[Notification]:
+        """Start the sends of ``rows``, in order, as far as free slots go; return the rest."""
+        threads = self._settings.send_concurrency - len(self._threads)
+        coroutines = self._settings.async_send_concurrency - len(self._coroutines)
+        later: list[Notification] = []
+        on_loop: list[tuple[Notification, _Ticket]] = []
+        for n in rows:
+            if self.on_loop(n):
+                if coroutines > 0:
+                    coroutines -= 1
+                    on_loop.append((n, self._track(self._coroutines, n)))
+                    continue
+            elif threads > 0:
+                threads -= 1
+                self._start_thread(n, guard)
+                continue
+            later.append(n)
+        if on_loop:  # one wake-up of the loop for the whole wave
+            eventloop.get().call_soon_threadsafe(self._spawn, on_loop)
+        return later
+
+    def wait(self, timeout: float) -> dict[int, Result]:
+        """The results of the sends finished by now, waiting up to ``timeout`` for a first one.
+
+        Re-raises, in the caller's thread, what a send raised outside its providers (a bug, or
+        the database lost while rechecking a guarded row), as a failed thread send always did.
+        """
+        results: dict[int, Result] = {}
+        try:
+            item = self._finished.get(timeout=timeout)
+        except queue.Empty:
+            return results
+        while True:
+            self._collect(item, results)
+            try:
+                item = self._finished.get_nowait()
+            except queue.Empty:
+                return results
+
+    def abandon(self) -> dict[int, Result]:
+        """Give up on every send still running, as ``Retry``: it outlived all its timeouts.
+
+        A receiver dripping its answer a byte at a time resets a read timeout for ever. The row
+        is retried; a send that did get through is then the counted duplicate, instead of a task
+        killed by its time limit with the whole batch's outcomes lost. Sends on the loop are
+        cancelled; stuck threads are left to their pool, which is replaced.
+        """
+        limit = self._settings.longest_send_seconds
+        ids = [*self._threads, *self._coroutines]
+        log.warning("abandoned %d sends that outlived their timeouts", len(ids))
+        if self._threads and self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        self.drop()
+        return {i: Retry(f"send still running after {limit:.0f}s; abandoned") for i in ids}
+
+    def drop(self) -> None:
+        """Stop following the sends under way (their batch has failed, or gave up on them):
+        those on the loop are cancelled, threads finish unheeded, and no answer is kept."""
+        if self._coroutines:
+            eventloop.get().call_soon_threadsafe(self._cancel, dict(self._coroutines))
+        self._threads.clear()
+        self._coroutines.clear()
+
+    def close(self) -> None:
+        """Wait for the threads of the pool to finish; a later send starts a new pool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- in the thread pool -----------------------------------------------------------------------
+
+    def _start_thread(self, n: Notification, guard: Guard) -> None:
+        ticket = self._track(self._threads, n)
+        future = self._executor().submit(self._in_thread, n, guard)
+        future.add_done_callback(partial(self._thread_done, n.id, ticket))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._settings.send_concurrency, thread_name_prefix="notifier-send"
+            )
+        return self._pool
+
+    def _thread_done(self, row_id: int, ticket: _Ticket, future: Future[Result]) -> None:
+        error = future.exception()
+        self._finished.put((row_id, ticket, error if error is not None else future.result()))
+
+    def _in_thread(self, n: Notification, guard: Guard) -> Result:
+        started = time.perf_counter()
+        try:
+            if n.guard is not None:
+                objection = guard(n)
+                if objection is not None:
+                    return objection
+            return self._through_chain(n)
+        finally:
+            self.durations[n.id] = time.perf_counter() - started
+
+    def _through_chain(self, n: Notification) -> Result:
+        chain = self._chains[n.channel]
+        outcome: Result = Retry("no provider was tried")
+        failed: list[str] = []
+        for provider in chain:
+            name = self._use(n, provider)
+            try:
+                outcome = provider.send(n)
+            except Exception as exc:  # a provider bug must not lose the batch's other outcomes
+                outcome = _raised(name, n, exc)
+            if not isinstance(outcome, Retry) or provider is chain[-1]:
+                break
+            failed.append(f"{name}: {outcome.error}")
+        return _with_failures(failed, self.used[n.id], outcome)
+
+    # -- on the event loop ------------------------------------------------------------------------
+
+    def _spawn(self, rows: list[tuple[Notification, _Ticket]]) -> None:
+        loop = asyncio.get_running_loop()
+        for n, ticket in rows:
+            task = loop.create_task(self._on_loop(n))
+            self._tasks[n.id] = (ticket, task)
+            task.add_done_callback(partial(self._task_done, n.id, ticket))
+
+    def _task_done(self, row_id: int, ticket: _Ticket, task: asyncio.Task[Result]) -> None:
+        if self._tasks.get(row_id, (None,))[0] is ticket:
+            del self._tasks[row_id]
+        if task.cancelled():  # abandoned: its result was decided then
+            return
+        error = task.exception()
+        self._finished.put((row_id, ticket, error if error is not None else task.result()))
+
+    def _cancel(self, abandoned: dict[int, _Ticket]) -> None:
+        for row_id, ticket in abandoned.items():
+            ticket_and_task = self._tasks.get(row_id)
+            if ticket_and_task is not None and ticket_and_task[0] is ticket:
+                ticket_and_task[1].cancel()
+
+    async def _on_loop(self, n: Notification) -> Result:
+        started = time.perf_counter()
+        try:
+            return await self._through_chain_async(n)
+        finally:
+            self.durations[n.id] = time.perf_counter() - started
+
+    async def _through_chain_async(self, n: Notification) -> Result:
+        chain = self._chains[n.channel]
+        outcome: Result = Retry("no provider was tried")
+        failed: list[str] = []
+        for provider in chain:
+            name = self._use(n, provider)
+            try:
+                outcome = await cast(AsyncProvider, provider).send_async(n)
+            except Exception as exc:  # a provider bug must not lose the batch's other outcomes
+                outcome = _raised(name, n, exc)
+            if not isinstance(outcome, Retry) or provider is chain[-1]:
+                break
+            failed.append(f"{name}: {outcome.error}")
+        return _with_failures(failed, self.used[n.id], outcome)
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _track(running: dict[int, _Ticket], n: Notification) -> _Ticket:
+        ticket = running[n.id] = _Ticket()
+        return ticket
+
+    def _use(self, n: Notification, provider: Provider) -> str:
+        name = provider_name(provider)
+        self.used[n.id] = name
+        return name
+
+    def _collect(self, item: _Finished, results: dict[int, Result]) -> None:
+        row_id, ticket, result = item
+        for running in (self._threads, self._coroutines):
+            if running.get(row_id) is ticket:
+                del running[row_id]
+                if isinstance(result, BaseException):
+                    raise result
+                results[row_id] = result
+
+
+def _no_guard(n: Notification) -> Result | None:
+    return None
+
+
+def _raised(name: str, n: Notification, exc: Exception) -> Result:
+    log.error("provider %s raised on notification %d", name, n.id, exc_info=exc)
+    return Retry(f"{name} provider raised {type(exc).__name__}: {exc}")
+
+
+def _with_failures(failed: list[str], name: str, outcome: Result) -> Result:
+    """A chain's last ``Retry`` carries the errors of the providers tried before it."""
+    if failed and isinstance(outcome, Retry):
+        return Retry("; ".join([*failed, f"{name}: {outcome.error}"]))
+    return outcome
