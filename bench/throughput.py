@@ -192,6 +192,7 @@ def _mark_sent_values(
         "providers": lambda: ["null"] * len(ids),
         "worker": lambda: worker,
         "durations": lambda: [0] * len(ids),
+        "sent_at": lambda: [time.time()] * len(ids),
     }
 
 

@@ -53,9 +53,10 @@ _Finished = tuple[int, _Ticket, Result | BaseException]
 class Sender:
     """Runs the sends of a worker process's batches and remembers how each went.
 
-    ``durations`` (seconds, the guard included) and ``used`` (the provider that answered last)
-    are kept per row id for the attempt history; the dispatcher reads and clears them after
-    every batch. Only ``start``, ``wait`` and ``abandon`` are called, from one thread at a time.
+    ``durations`` (seconds, the guard included), ``ended`` (the Unix time the send ended: the
+    row's ``sent_at``) and ``used`` (the provider that answered last) are kept per row id for
+    the records; the dispatcher reads and clears them after every batch (``forget``). Only
+    ``start``, ``wait`` and ``abandon`` are called, from one thread at a time.
     """
 
     def __init__(self, chains: dict[str, list[Provider]], settings: Settings) -> None:
@@ -70,6 +71,7 @@ class Sender:
         self._coroutines: dict[int, _Ticket] = {}  # rows sending on the loop
         self._tasks: dict[int, tuple[_Ticket, asyncio.Task[Result]]] = {}  # the loop's thread only
         self.durations: dict[int, float] = {}
+        self.ended: dict[int, float] = {}
         self.used: dict[int, str] = {}
 
     @property
@@ -185,7 +187,7 @@ class Sender:
                     return objection
             return self._through_chain(n)
         finally:
-            self.durations[n.id] = time.perf_counter() - started
+            self._ended(n, started)
 
     def _through_chain(self, n: Notification) -> Result:
         chain = self._chains[n.channel]
@@ -230,7 +232,7 @@ class Sender:
         try:
             return await self._through_chain_async(n)
         finally:
-            self.durations[n.id] = time.perf_counter() - started
+            self._ended(n, started)
 
     async def _through_chain_async(self, n: Notification) -> Result:
         chain = self._chains[n.channel]
@@ -248,6 +250,16 @@ class Sender:
         return _with_failures(failed, self.used[n.id], outcome)
 
     # -- bookkeeping ------------------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """Clear what was kept of the batch's sends, once it is recorded."""
+        self.durations.clear()
+        self.ended.clear()
+        self.used.clear()
+
+    def _ended(self, n: Notification, started: float) -> None:
+        self.durations[n.id] = time.perf_counter() - started
+        self.ended[n.id] = time.time()
 
     @staticmethod
     def _track(running: dict[int, _Ticket], n: Notification) -> _Ticket:

@@ -47,13 +47,17 @@ CLAIM_DUE = f"""
     RETURNING {_RETURNING}
 """
 
+# ``sent_at`` is when the provider accepted the row (the worker's clock, as Unix time), not when
+# the batch was recorded; never later than the database's now().
 MARK_SENT = text(
     """
     UPDATE notifications AS n
-       SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
-           provider_message_id = v.provider_message_id, provider = v.provider
+       SET status = 'sent', sent_at = least(to_timestamp(v.sent_at), now()), updated_at = now(),
+           locked_until = NULL, provider_message_id = v.provider_message_id,
+           provider = v.provider
       FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
-                  CAST(:providers AS text[])) AS v(id, provider_message_id, provider)
+                  CAST(:providers AS text[]), CAST(:sent_at AS float8[]))
+           AS v(id, provider_message_id, provider, sent_at)
      WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
     """
 )
@@ -64,11 +68,13 @@ MARK_SENT_RECORDED = text(
     """
     WITH sent AS (
         UPDATE notifications AS n
-           SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
+           SET status = 'sent', sent_at = least(to_timestamp(v.sent_at), now()),
+               updated_at = now(), locked_until = NULL,
                provider_message_id = v.provider_message_id, provider = v.provider
           FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
-                      CAST(:providers AS text[]), CAST(:durations AS int[]))
-               AS v(id, provider_message_id, provider, duration_ms)
+                      CAST(:providers AS text[]), CAST(:sent_at AS float8[]),
+                      CAST(:durations AS int[]))
+               AS v(id, provider_message_id, provider, sent_at, duration_ms)
          WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
         RETURNING n.id, n.attempts, n.channel, v.provider, v.duration_ms
     ), history AS (
@@ -320,8 +326,11 @@ def mark_sent(
     sent: Mapping[int, str | None],
     providers: Mapping[int, str],
     history: tuple[str, Mapping[int, int | None]] | None = None,
+    sent_at: Mapping[int, float] | None = None,
 ) -> int:
     """``processing`` -> ``sent`` for the rows still held by ``token``, naming the provider.
+
+    ``sent_at`` has the Unix time each row's send ended; a row without one is stamped now.
 
     With ``history`` (the worker's name and each row's send duration in ms), the attempts are
     appended to ``notification_attempts`` by the same statement.
@@ -330,14 +339,15 @@ def mark_sent(
         return 0
     params: dict[str, Any] = {
         "token": token,
-        "ids": _int_array(sent),
+        "ids": _number_array(sent),
+        "sent_at": _number_array((sent_at or {}).get(i) for i in sent),
         "message_ids": list(sent.values()),
         "providers": [providers.get(i) for i in sent],
     }
     if history is None:
         return _rowcount(conn.execute(MARK_SENT, params))
     worker, durations = history
-    params.update(worker=worker, durations=_int_array(durations.get(i) for i in sent))
+    params.update(worker=worker, durations=_number_array(durations.get(i) for i in sent))
     return int(conn.execute(MARK_SENT_RECORDED, params).scalar_one())
 
 
@@ -380,7 +390,9 @@ def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int]
     among them those whose campaign is paused."""
     held: set[int] = set()
     paused: set[int] = set()
-    for row_id, is_paused in conn.execute(RECHECK, {"token": token, "ids": _int_array(ids)}).all():
+    for row_id, is_paused in conn.execute(
+        RECHECK, {"token": token, "ids": _number_array(ids)}
+    ).all():
         held.add(int(row_id))
         if is_paused:
             paused.add(int(row_id))
@@ -584,10 +596,10 @@ def _rowcount(result: Any) -> int:
     return int(result.rowcount)
 
 
-def _int_array(values: Iterable[int | None]) -> str:
-    """An integer array as one literal for ``CAST(... AS bigint[])``: psycopg dumps a list
-    element by element, which every batch would pay for each of its rows."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+def _number_array(values: Iterable[float | None]) -> str:
+    """A numeric array as one literal for ``CAST(... AS bigint[])`` and the like: psycopg dumps
+    a list element by element, which every batch would pay for each of its rows."""
+    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
 
 
 def driver(conn: Connection) -> psycopg.Connection[Any]:

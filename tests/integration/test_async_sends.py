@@ -13,6 +13,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import itertools
 import socket
 import threading
 import time
@@ -374,3 +375,23 @@ def test_an_endless_send_in_a_thread_is_abandoned_after_the_deadline(
     [(status, attempts, error)] = _rows(engine).values()
     assert (status, attempts, error) == ("pending", 1, "send still running after 1s; abandoned")
     assert 0.75 <= took < 2.5  # the deadline (0.2 s) plus longest_send_seconds (0.6 s)
+
+
+def test_sent_at_is_when_each_send_ended_not_when_the_batch_was_recorded(
+    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver, webhooks: Webhooks
+) -> None:
+    """One send at a time to a receiver that takes 0.3 s: the rows' ``sent_at`` are 0.3 s
+    apart, and the first is well before the batch was written."""
+    webhooks(at_once=1)
+    receiver.delay = 0.3
+    _insert(engine, receiver.url, 3)
+    report = make_dispatcher(async_send_concurrency=1).run_once()
+    assert report.sent == 3
+    with engine.connect() as conn:
+        stamps = conn.execute(
+            text("SELECT sent_at, updated_at FROM notifications ORDER BY sent_at")
+        ).all()
+    gaps = [(b.sent_at - a.sent_at).total_seconds() for a, b in itertools.pairwise(stamps)]
+    assert all(0.25 <= gap < 1.0 for gap in gaps), gaps
+    assert (stamps[-1].updated_at - stamps[0].sent_at).total_seconds() >= 0.5
+    assert all(row.sent_at <= row.updated_at for row in stamps)
