@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from notifier import store
-from notifier.campaigns import PARALLEL, Campaigns, Status
+from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Status
 
 
 def add_parser(sub: Any) -> None:
@@ -119,8 +119,8 @@ def _launch(args: argparse.Namespace) -> int:
         written += n
         _bar("writing", written, total, started)
 
-    if not 1 <= args.parallel <= 4:  # the engine's pool holds 4 connections
-        raise SystemExit("--parallel takes 1 to 4")
+    if not 1 <= args.parallel <= MOST_PARALLEL:
+        raise SystemExit(f"--parallel takes 1 to {MOST_PARALLEL}")
     campaigns.launch(args.name, progress, parallel=args.parallel)
     _bar("writing", total, total, started, finished=True)
     if not args.no_watch:

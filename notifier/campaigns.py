@@ -13,6 +13,7 @@ written, naming the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from notifier import campaign_store
 from notifier.campaign_store import CampaignRow, Counts
@@ -36,6 +38,9 @@ CHUNK = 50_000
 #: Fan-out statements run at once, each on a connection of its own: the database's work per
 #: row (heap and index writes) is what a launch waits on, and it spreads over server cores.
 PARALLEL = 2
+#: The most a launch may ask for: ``store.engine``'s pool holds 4 connections, and one holds
+#: the launch's lock.
+MOST_PARALLEL = 3
 
 
 class CampaignError(ValueError):
@@ -183,8 +188,22 @@ class Campaigns:
         Recipients are written in chunks of ``chunk`` positions, each chunk one statement and
         one transaction, ``parallel`` chunks at a time on connections of their own. Returns the
         number of notifications written by this run; ``progress`` is called with each chunk's
-        count, from the calling thread.
+        count, from the calling thread. A second launch of the same campaign waits until the
+        first is over, then writes what is left (usually nothing).
         """
+        with self.engine.begin() as conn:
+            campaign_id = self._get(conn, name).id
+        with self.engine.connect() as held:
+            campaign_store.lock_launch(held, campaign_id)
+            held.commit()  # the lock is the session's: the connection waits outside a transaction
+            try:
+                return self._launch(name, progress, chunk, parallel)
+            finally:
+                with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
+                    campaign_store.unlock_launch(held, campaign_id)
+                    held.commit()
+
+    def _launch(self, name: str, progress: Callable[[int], None], chunk: int, parallel: int) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
@@ -192,6 +211,7 @@ class Campaigns:
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
             self._check_ready(conn, campaign)
             last, due = campaign_store.last_position(conn, campaign.id)
+            fresh = not campaign_store.has_rows(conn, campaign.id)
         with self.engine.begin() as conn:
             campaign_store.analyze(conn)
         rendered = render_sql(campaign.subject, campaign.body)
@@ -200,7 +220,9 @@ class Campaigns:
         def write(after: int) -> int:
             with self.engine.begin() as conn:
                 upto = after + chunk
-                return campaign_store.fan_out(conn, campaign, rendered, payload, due, after, upto)
+                return campaign_store.fan_out(
+                    conn, campaign, rendered, payload, due, after, upto, fresh
+                )
 
         written = 0
         pool = ThreadPoolExecutor(parallel, thread_name_prefix="notifier-launch")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +73,27 @@ def test_every_recipient_gets_one_row_and_one_distinct_code(
     status = campaigns.status("spring")
     assert status.campaign.status == "running"
     assert status.counts.notifications == AUDIENCE
+
+
+def test_two_launches_at_once_write_each_row_once(engine: Engine, campaigns: Campaigns) -> None:
+    _prepare(campaigns, n=20_000)
+    written: list[int] = []
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            written.append(campaigns.launch("spring", chunk=2_000))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    launches = [threading.Thread(target=launch) for _ in range(2)]
+    for t in launches:
+        t.start()
+    for t in launches:
+        t.join(60)
+    assert errors == []
+    assert sum(written) == 20_000
+    assert _one(engine, _PAIRED) == (20_000,)
 
 
 def test_new_recipients_after_a_launch_get_their_row_on_the_next_run(
