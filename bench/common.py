@@ -337,32 +337,26 @@ def load() -> str:
 def git_commit() -> str:
     """The checked-out commit, ``+changes`` if tracked files differ (reads only; no index
     refresh is written: ``GIT_OPTIONAL_LOCKS=0``)."""
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    commit = _git("rev-parse", "--short", "HEAD")
+    changed = _git("status", "--porcelain", "--untracked-files=no")
+    return (commit or "unknown") + ("+changes" if changed else "")
+
+
+def _git(*args: str) -> str:
+    """What ``git`` printed in the repository, stripped; empty if it could not run."""
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", *args],
             cwd=REPO,
-            env=env,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
             capture_output=True,
             text=True,
             timeout=5,
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    dirty = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        dirty = "+changes" if status.stdout.strip() else ""
-    return (done.stdout.strip() or "unknown") + dirty
+        return ""
+    return done.stdout.strip()
 
 
 def raise_interrupt(signum: int, _: FrameType | None) -> None:
