@@ -52,32 +52,31 @@ LOCK_CAMPAIGN = text(
     "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
 )
 
-# The new recipients of the staged rows (a recipient repeated in the file counts once), numbered
+# The new recipients among {source}'s rows (recipient, fields), each recipient once, numbered
 # on from the campaign's last position. Sorted once; the primary key is then filled in order.
-AUDIENCE_FROM_STAGE = """
-    INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
-    SELECT %(campaign_id)s,
-           (SELECT coalesce(max(position), 0) FROM campaign_recipients
-             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.recipient),
-           s.recipient, s.fields
-      FROM (SELECT DISTINCT ON (trim(c0)) trim(c0) AS recipient, {fields} AS fields
-              FROM stage WHERE coalesce(trim(c0), '') <> '' ORDER BY trim(c0)) AS s
-     WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
-                        WHERE r.campaign_id = %(campaign_id)s AND r.recipient = s.recipient)
-"""
-
-AUDIENCE_FROM_QUERY = """
+NEW_RECIPIENTS = """
     INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
     SELECT :id,
            (SELECT coalesce(max(position), 0) FROM campaign_recipients WHERE campaign_id = :id)
              + row_number() OVER (ORDER BY s.recipient),
            s.recipient, s.fields
-      FROM (SELECT DISTINCT ON (q.recipient::text) q.recipient::text AS recipient,
-                   to_jsonb(q) - 'recipient' AS fields
-              FROM ({query}) AS q WHERE q.recipient IS NOT NULL
-             ORDER BY q.recipient::text) AS s
+      FROM (SELECT DISTINCT ON (recipient) recipient, fields
+              FROM ({source}) AS source ORDER BY recipient) AS s
      WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
                         WHERE r.campaign_id = :id AND r.recipient = s.recipient)
+"""
+
+# A CSV staged by ``import_audience``: c0 the recipient, c1... the fields ({fields} pairs them
+# with their names).
+STAGED = """
+    SELECT trim(c0) AS recipient, {fields} AS fields
+      FROM stage WHERE coalesce(trim(c0), '') <> ''
+"""
+
+# An operator's query with a ``recipient`` column; its other columns are the fields.
+QUERIED = """
+    SELECT q.recipient::text AS recipient, to_jsonb(q) - 'recipient' AS fields
+      FROM ({query}) AS q WHERE q.recipient IS NOT NULL
 """
 
 CODES_FROM_STAGE = """
@@ -92,19 +91,20 @@ CODES_FROM_STAGE = """
                         WHERE k.campaign_id = %(campaign_id)s AND k.code = s.code)
 """
 
-# recipients, codes, codes given (those at a recipient's position: each is that recipient's),
-# notifications
-COUNTS = text(
+# Recipients, codes, and codes given: those at a recipient's position, each that recipient's.
+# Recipient positions run 1..last without a gap, so the last position is the recipient count.
+POOL_COUNTS = text(
     """
     WITH last AS (SELECT coalesce(max(position), 0) AS position
                     FROM campaign_recipients WHERE campaign_id = :id)
-    SELECT (SELECT count(*) FROM campaign_recipients WHERE campaign_id = :id),
+    SELECT (SELECT position FROM last),
            (SELECT count(*) FROM campaign_codes WHERE campaign_id = :id),
            (SELECT count(*) FROM campaign_codes
-             WHERE campaign_id = :id AND position <= (SELECT position FROM last)),
-           (SELECT count(*) FROM notifications WHERE campaign_id = :id)
+             WHERE campaign_id = :id AND position <= (SELECT position FROM last))
     """
 )
+
+NOTIFICATIONS = text("SELECT count(*) FROM notifications WHERE campaign_id = :id")
 
 BY_STATUS = text(
     """
@@ -123,20 +123,6 @@ MISSING_FIELD = text(
 
 LAST_POSITION = text(
     "SELECT coalesce(max(position), 0), now() FROM campaign_recipients WHERE campaign_id = :id"
-)
-
-# Recipients without a code at their position, and codes beyond the last recipient. Recipient
-# positions run 1..last without a gap and code positions are unique, so two index counts do.
-CODE_COVERAGE = text(
-    """
-    WITH last AS (SELECT coalesce(max(position), 0) AS position
-                    FROM campaign_recipients WHERE campaign_id = :id)
-    SELECT (SELECT position FROM last)
-           - (SELECT count(*) FROM campaign_codes
-               WHERE campaign_id = :id AND position <= (SELECT position FROM last)),
-           (SELECT count(*) FROM campaign_codes
-             WHERE campaign_id = :id AND position > (SELECT position FROM last))
-    """
 )
 
 # {subject} and {body} are SQL expressions built by ``notifier.campaigns.render_sql`` from the
@@ -276,20 +262,20 @@ def import_audience(
                         f" the header has {len(header)}"
                     )
                 copy.write_row([record[i] for i in order])
-        pairs = ", ".join(f"%(f{i})s::text, c{i + 1}" for i in range(len(fields)))
-        expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
-        params: dict[str, Any] = {"campaign_id": campaign_id}
-        params.update({f"f{i}": name for i, name in enumerate(fields)})
-        cur.execute(AUDIENCE_FROM_STAGE.format(fields=expression).encode(), params)
-        added = cur.rowcount
-        cur.execute("DROP TABLE stage")
+    pairs = ", ".join(f"CAST(:f{i} AS text), c{i + 1}" for i in range(len(fields)))
+    expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
+    params: dict[str, Any] = {"id": campaign_id}
+    params.update({f"f{i}": name for i, name in enumerate(fields)})
+    source = STAGED.format(fields=expression)
+    added = int(conn.execute(text(NEW_RECIPIENTS.format(source=source)), params).rowcount)
+    conn.execute(text("DROP TABLE stage"))
     return fields, added
 
 
 def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
     """Stage the rows of an operator's query; it must return a ``recipient`` column."""
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    statement = text(AUDIENCE_FROM_QUERY.format(query=query))
+    statement = text(NEW_RECIPIENTS.format(source=QUERIED.format(query=query)))
     return int(conn.execute(statement, {"id": campaign_id}).rowcount)
 
 
@@ -308,14 +294,21 @@ def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> in
     return added
 
 
+def pool_counts(conn: Connection, campaign_id: int) -> tuple[int, int, int]:
+    """(recipients, codes, codes given)."""
+    recipients, codes, given = conn.execute(POOL_COUNTS, {"id": campaign_id}).one()
+    return int(recipients), int(codes), int(given)
+
+
 def counts(conn: Connection, campaign_id: int) -> Counts:
-    recipients, codes, given, notifications = conn.execute(COUNTS, {"id": campaign_id}).one()
+    recipients, codes, given = pool_counts(conn, campaign_id)
+    notifications = conn.execute(NOTIFICATIONS, {"id": campaign_id}).scalar_one()
     by_status: dict[str, int] = {}
     retrying = 0
     for status, is_retry, n in conn.execute(BY_STATUS, {"id": campaign_id}).all():
         by_status[status] = by_status.get(status, 0) + int(n)
         retrying += int(n) if is_retry else 0
-    return Counts(int(recipients), int(codes), int(given), int(notifications), by_status, retrying)
+    return Counts(recipients, codes, given, int(notifications), by_status, retrying)
 
 
 def recipient_missing(conn: Connection, campaign_id: int, names: Sequence[str]) -> str | None:
@@ -328,12 +321,6 @@ def last_position(conn: Connection, campaign_id: int) -> tuple[int, datetime]:
     """The position of the campaign's last recipient (0 with none), and the database's time."""
     last, now = conn.execute(LAST_POSITION, {"id": campaign_id}).one()
     return int(last), now
-
-
-def code_coverage(conn: Connection, campaign_id: int) -> tuple[int, int]:
-    """(recipients without a code at their position, codes beyond the last recipient)."""
-    missing, spare = conn.execute(CODE_COVERAGE, {"id": campaign_id}).one()
-    return int(missing), int(spare)
 
 
 def analyze(conn: Connection) -> None:

@@ -293,7 +293,8 @@ class Campaigns:
                     f" ({', '.join(fields)}); fix the audience and launch again"
                 )
         if "code" in names:
-            need, spare = campaign_store.code_coverage(conn, campaign.id)
+            recipients, codes, given = campaign_store.pool_counts(conn, campaign.id)
+            need, spare = recipients - given, codes - given
             if need:
                 raise CampaignError(
                     f"{need} recipients still need a code but only {spare} codes are free;"
