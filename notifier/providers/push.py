@@ -29,6 +29,7 @@ from google.oauth2 import service_account
 
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.providers.http import SharedClient
 from notifier.providers.webhook import parse_retry_after
 from notifier.settings import Settings, get_settings
 
@@ -119,8 +120,9 @@ class PushProvider:
     def __init__(self, settings: Settings | None = None) -> None:
         self._settings = settings or get_settings()
         self._timeout = self._settings.push_timeout
-        self._client: httpx.Client | None = None
-        self._client_lock = threading.Lock()
+        self._client = SharedClient(
+            lambda: httpx.Client(timeout=httpx.Timeout(self._timeout), follow_redirects=False)
+        )
         self._auth_lock = threading.Lock()  # guards the credentials and their refresh
         self._credentials: service_account.Credentials | None = None
         self._send_url = ""
@@ -162,7 +164,9 @@ class PushProvider:
         message["notification"] = {k: v for k, v in shown.items() if v}
         headers = {"Authorization": f"Bearer {access_token}"}
         try:
-            response = self._http().post(self._send_url, json={"message": message}, headers=headers)
+            response = self._client.get().post(
+                self._send_url, json={"message": message}, headers=headers
+            )
         except httpx.TimeoutException as exc:
             name = type(exc).__name__
             return Retry(f"timed out ({name}) after the {self._timeout:g}s limit sending to FCM")
@@ -179,25 +183,14 @@ class PushProvider:
 
     def shutdown(self) -> None:
         """Close the client and its connections; a later send opens a new one."""
-        with self._client_lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
-    def _http(self) -> httpx.Client:
-        with self._client_lock:
-            if self._client is None:
-                self._client = httpx.Client(
-                    timeout=httpx.Timeout(self._timeout), follow_redirects=False
-                )
-            return self._client
+        self._client.close()
 
     def _access_token(self) -> str:
         with self._auth_lock:
             credentials = self._credentials or self._load()
             if not credentials.valid:
                 try:
-                    credentials.refresh(_TokenRequest(self._http()))
+                    credentials.refresh(_TokenRequest(self._client.get()))
                 except auth_errors.GoogleAuthError as exc:
                     raise _NotReady(f"no FCM access token from the token endpoint: {exc}") from None
             self._credentials = credentials

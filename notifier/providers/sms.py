@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from ipaddress import ip_address
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -28,6 +27,7 @@ import httpx
 
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.providers.http import SharedClient
 from notifier.providers.webhook import parse_retry_after
 from notifier.settings import Settings, get_settings
 
@@ -65,8 +65,7 @@ class SmsProvider:
         is_service = _MESSAGING_SERVICE.fullmatch(sender) is not None
         self._sender = ("MessagingServiceSid" if is_service else "From", sender)
         self._misconfigured = _configuration_error(s)
-        self._client: httpx.Client | None = None
-        self._lock = threading.Lock()
+        self._client = SharedClient(self._new_client)
 
     def validate(self, notification: Notification) -> None:
         """The recipient must be an E.164 number and the body 1-1600 characters of text.
@@ -93,7 +92,7 @@ class SmsProvider:
         form = {"To": notification.recipient, "Body": notification.body or ""}
         form[self._sender[0]] = self._sender[1]
         try:
-            with self._get_client().stream("POST", self._url, data=form) as response:
+            with self._client.get().stream("POST", self._url, data=form) as response:
                 return self._outcome(response)
         except httpx.TimeoutException as exc:
             return Retry(
@@ -110,22 +109,16 @@ class SmsProvider:
 
     def shutdown(self) -> None:
         """Close the client and its connections; a later send opens a new one."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self._client.close()
 
-    def _get_client(self) -> httpx.Client:
-        with self._lock:
-            if self._client is None:
-                s = self._settings
-                self._client = httpx.Client(
-                    auth=httpx.BasicAuth(s.twilio_account_sid or "", s.twilio_auth_token or ""),
-                    timeout=httpx.Timeout(self._timeout),
-                    follow_redirects=False,
-                    headers={"Accept": "application/json", "Accept-Encoding": "identity"},
-                )
-            return self._client
+    def _new_client(self) -> httpx.Client:
+        s = self._settings
+        return httpx.Client(
+            auth=httpx.BasicAuth(s.twilio_account_sid or "", s.twilio_auth_token or ""),
+            timeout=httpx.Timeout(self._timeout),
+            follow_redirects=False,
+            headers={"Accept": "application/json", "Accept-Encoding": "identity"},
+        )
 
     def _outcome(self, response: httpx.Response) -> Outcome:
         status = response.status_code
