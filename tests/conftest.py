@@ -2,7 +2,8 @@
 
 The schema is migrated once per run into a template database; each test that asks for
 ``database_url`` gets a fresh copy (``CREATE DATABASE ... TEMPLATE``), so tests never see each
-other's rows. ``NOTIFIER_TEST_POSTGRES`` and ``NOTIFIER_TEST_REDIS`` point elsewhere if needed.
+other's rows. ``NOTIFIER_TEST_POSTGRES`` points elsewhere if needed. Redis is a server of the
+run's own (``tests.redis_server``), unless ``NOTIFIER_TEST_REDIS`` names one to use instead.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from notifier import store
 from notifier.cli import migrate
 from notifier.settings import Settings, get_settings
 from tests.raw_server import Behaviour, RawServer
+from tests.redis_server import RedisServer
 from tests.smtp_sink import SmtpSink
 
 POSTGRES = os.environ.get("NOTIFIER_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
-REDIS = os.environ.get("NOTIFIER_TEST_REDIS", "redis://127.0.0.1:6379/9")
+REDIS = os.environ.get("NOTIFIER_TEST_REDIS")
 # One template per test run, so runs side by side (or a CI run beside a developer's) never drop
 # each other's.
 TEMPLATE = f"notifier_test_template_{os.getpid()}"
@@ -71,14 +73,28 @@ def engine(database_url: str) -> Iterator[Engine]:
     eng.dispose()
 
 
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | None]:
+    """This run's own Redis server (``None`` when ``NOTIFIER_TEST_REDIS`` names another)."""
+    if REDIS:
+        yield None
+        return
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
 @pytest.fixture
-def redis_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def redis_url(redis_server: RedisServer | None, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A Redis database emptied for this test, also set as ``NOTIFIER_REDIS_URL``."""
-    client = redis.Redis.from_url(REDIS, socket_timeout=5)
+    if redis_server is not None and not redis_server.alive():  # a fault test left it stopped
+        redis_server.start()
+    url = redis_server.url if redis_server is not None else str(REDIS)
+    client = redis.Redis.from_url(url, socket_timeout=5)
     client.flushdb()
-    monkeypatch.setenv("NOTIFIER_REDIS_URL", REDIS)
+    monkeypatch.setenv("NOTIFIER_REDIS_URL", url)
     get_settings.cache_clear()
-    yield REDIS
+    yield url
     client.flushdb()
     client.close()
     get_settings.cache_clear()

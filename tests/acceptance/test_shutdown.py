@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -15,11 +13,7 @@ from sqlalchemy import Engine, text
 
 from tests.acceptance.conftest import Services, wait_for
 from tests.receiver import Receiver
-
-REDIS_START = [
-    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
-    "--save", "", "--appendonly", "no",
-]  # fmt: skip
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -83,27 +77,26 @@ def test_sigterm_finishes_sends_under_way_and_hands_back_the_rest(
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_redis_down_stops_sending_and_burns_no_attempts(
-    engine: Engine, services: Services, receiver: Receiver
+    engine: Engine, services: Services, receiver: Receiver, redis_server: RedisServer | None
 ) -> None:
+    if redis_server is None:
+        pytest.skip("stopping Redis needs the test run's own server (NOTIFIER_TEST_REDIS is set)")
     receiver.delay = 0.05
     _insert(engine, receiver.url, 1500)
     services.worker(concurrency=2)
     services.beat()
     wait_for(lambda: len(receiver.deliveries) >= 200, 60, "the drain to be under way")
 
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    with contextlib.suppress(redis.ConnectionError):  # the server hangs up as it goes
-        client.shutdown(nosave=True)
+    redis_server.stop()
     down_at = time.monotonic()
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2).ping()
+        redis.Redis(port=redis_server.port, socket_timeout=2).ping()
     try:
         time.sleep(30)
         late = [d for d in receiver.deliveries if d[1] > down_at + 1.0]
         during = _by_status(engine)
     finally:
-        subprocess.run(REDIS_START, check=True)
-        wait_for(lambda: _ping(), 10, "Redis to be back")
+        redis_server.start()
 
     assert late == []  # nothing was sent while Redis was down
     assert during.get(("processing", 1), 0) == 0  # claimed rows were handed back
@@ -111,10 +104,3 @@ def test_redis_down_stops_sending_and_burns_no_attempts(
     wait_for(lambda: set(_by_status(engine)) == {("sent", 1)}, 120, "the backlog to drain")
     assert sum(receiver.counts().values()) == 1500
     assert set(receiver.counts().values()) == {1}
-
-
-def _ping() -> bool:
-    try:
-        return bool(redis.Redis(host="127.0.0.1", port=6379, socket_timeout=1).ping())
-    except redis.RedisError:
-        return False
