@@ -50,7 +50,7 @@ from sqlalchemy import Connection, Engine
 from notifier import content_store
 from notifier.models import Notification
 from notifier.outcomes import Cancelled, Result
-from notifier.providers.base import Permanent
+from notifier.providers.base import Permanent, truncate
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class Content:
             (
                 n.channel,
                 self.overrides.get(n.channel, n.recipient),
-                f"hard bounce ({outcome.error})",
+                truncate(f"hard bounce ({outcome.error})"),
             )
             for n in rows
             if isinstance(outcome := results.get(n.id), Permanent) and outcome.suppress

@@ -27,14 +27,14 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from notifier import guards as guards_module
 from notifier import store
@@ -50,6 +50,7 @@ from notifier.providers import (
     chains,
     parse_failover,
 )
+from notifier.providers.base import truncate
 from notifier.retry import RetryPolicy
 from notifier.sending import Sender
 from notifier.settings import Settings
@@ -76,6 +77,8 @@ class Limiter(Protocol):
 
     def block(self, provider: str, seconds: float) -> None: ...
 
+    def held(self, scopes: Sequence[str]) -> dict[str, float]: ...
+
 
 class NoLimits:
     """Every send is granted at once."""
@@ -85,6 +88,9 @@ class NoLimits:
 
     def block(self, provider: str, seconds: float) -> None:
         return
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]:
+        return {}
 
 
 def _always_open() -> None:
@@ -147,6 +153,7 @@ class Dispatcher:
         self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
+        self._read_limits = store.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
         self._chains = chains(registry, parse_failover(settings.failover))
         self._sender = Sender(self._chains, settings)
 
@@ -203,6 +210,7 @@ class Dispatcher:
                 lease_seconds=self.settings.lease_seconds,
                 token=token,
                 worker=self.worker,
+                limits=self._read_limits,
             )
         report.claimed = len(claimed)
         if claimed:
@@ -253,7 +261,7 @@ class Dispatcher:
         # Looked at again right before sending: a producer may have cancelled since the claim.
         rows = self._still_wanted(token, claimed, report)
         # Templates rendered, suppressed recipients and staging overrides applied.
-        prepared, results = self._write(lambda c: self.content.prepare(rows, c))
+        prepared, results = self._prepare(rows)
         ready: list[Notification] = []
         for n in prepared:
             early = self._check(n)
@@ -269,9 +277,15 @@ class Dispatcher:
         finally:
             self.registry.close()
         attempted = [n for n in rows if n.id in results]
-        decided = plan(attempted, results, self.policy, self.clock())
-        for channel, seconds in decided.throttled.items():
-            self._block(channel, seconds)
+        decided = plan(
+            attempted,
+            results,
+            self.policy,
+            self.clock(),
+            max_deferrals=self.settings.max_deferrals,
+        )
+        for scope, seconds in decided.throttled.items():
+            self._block(scope, seconds)
         history = attempts_of(attempted, decided, self._sender.durations, self._sender.used)
         ended = dict(self._sender.ended)
         self._sender.forget()
@@ -281,8 +295,41 @@ class Dispatcher:
         report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
         report.released += len(decided.deferred)
 
+    def _prepare(self, rows: list[Notification]) -> tuple[list[Notification], dict[int, Result]]:
+        """``Content.prepare``, with one row's failure kept to that row: when preparing the
+        batch raises anything but a database error, each row is prepared alone, and a row that
+        still raises is ``dead``, naming the exception."""
+        try:
+            return self._write(lambda c: self.content.prepare(rows, c))
+        except DBAPIError:
+            raise
+        except Exception as exc:
+            if len(rows) == 1:
+                log.exception("preparing notification %d raised", rows[0].id)
+                why = f"invalid notification: preparing it raised {_named(exc)}"
+                return [], {rows[0].id: Permanent(why)}
+        prepared: list[Notification] = []
+        results: dict[int, Result] = {}
+        for n in rows:
+            ready, decided = self._prepare([n])
+            prepared += ready
+            results.update(decided)
+        return prepared, results
+
     def _check(self, n: Notification) -> Result | None:
-        """Why the row cannot be sent now, found without any network call; None if it can."""
+        """Why the row cannot be sent now, found without any network call; None if it can.
+
+        Whatever the row holds, this answers: an exception a check did not expect is the row's
+        own ``Permanent`` outcome (naming the exception), never its batch's."""
+        try:
+            return self._checked(n)
+        except Exception as exc:
+            log.exception("checking notification %d raised", n.id)
+            return Permanent(f"invalid notification: checking it raised {_named(exc)}")
+
+    def _checked(self, n: Notification) -> Result | None:
+        if n.defect is not None:
+            return Permanent(f"invalid notification: {n.defect}")
         chain = self._chains.get(n.channel)
         if not chain:
             known = ", ".join(sorted(self._chains)) or "none"
@@ -329,6 +376,7 @@ class Dispatcher:
             closing = self.stopping.is_set() or time.monotonic() >= deadline
             if queue and not closing:
                 try:
+                    queue = self._not_held(token, queue, report)
                     granted, queue, pause = self._grant(queue)
                     ready += granted
                 except SendingPaused as exc:
@@ -392,11 +440,44 @@ class Dispatcher:
                 pause = min(pause, max(wait_seconds, LIMITER_PACE))
         return granted, rest, pause
 
-    def _block(self, channel: str, seconds: float) -> None:
+    def _not_held(
+        self, token: UUID, queue: list[Notification], report: BatchReport
+    ) -> list[Notification]:
+        """``queue`` without the rows whose receiver asked every worker to wait (a webhook's
+        429): those are handed back, due when the hold ends, without using up an attempt."""
+        scopes: dict[int, str] = {}
+        for n in queue:
+            scope_of = getattr(self._chains[n.channel][0], "throttle_scope", None)
+            scope = scope_of(n) if callable(scope_of) else None
+            if isinstance(scope, str):
+                scopes[n.id] = scope
+        if not scopes:
+            return queue
         try:
-            self.limiter.block(channel, seconds)
-        except Exception:  # the rows are deferred anyway; this only spares the provider
-            log.warning("could not hold %s back for %.0fs in the limiter", channel, seconds)
+            held = self.limiter.held(sorted(set(scopes.values())))
+        except Exception as exc:
+            raise SendingPaused(f"rate limiter unavailable ({exc})") from exc
+        if not held:
+            return queue
+        waiting: dict[float, list[int]] = defaultdict(list)
+        for row_id, scope in scopes.items():
+            if scope in held:
+                waiting[held[scope]].append(row_id)
+        now = self.clock()
+        for seconds, ids in waiting.items():
+            report.released += self._release(
+                token,
+                ids,
+                not_before=now + timedelta(seconds=seconds),
+                reason="its receiver asked every worker to wait (HTTP 429)",
+            )
+        return [n for n in queue if scopes.get(n.id) not in held]
+
+    def _block(self, scope: str, seconds: float) -> None:
+        try:
+            self.limiter.block(scope, seconds)
+        except Exception:  # the rows are deferred anyway; this only spares the receiver
+            log.warning("could not hold %s back for %.0fs in the limiter", scope, seconds)
 
     def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
         """The guard's objection as a result, or ``None`` if the row may be sent now."""
@@ -423,8 +504,17 @@ class Dispatcher:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def _release(self, token: UUID, ids: list[int]) -> int:
-        return self._write(lambda c: store.release(c, token, ids))
+    def _release(
+        self,
+        token: UUID,
+        ids: list[int],
+        *,
+        not_before: datetime | None = None,
+        reason: str | None = None,
+    ) -> int:
+        return self._write(
+            lambda c: store.release(c, token, ids, not_before=not_before, reason=reason)
+        )
 
     def _record(
         self,
@@ -440,27 +530,56 @@ class Dispatcher:
         providers = {a.id: a.provider for a in history if a.provider is not None}
 
         def statements(c: Connection) -> int:
-            changed = (
-                store.mark_sent(
-                    c,
-                    token,
-                    decided.sent,
-                    providers,
-                    (self.worker, durations) if recording else None,
-                    sent_at=ended,
-                )
-                + store.schedule_retry(c, token, decided.retries)
-                + store.defer(c, token, decided.deferred)
-                + store.mark_dead(c, token, decided.dead)
-                + store.mark_cancelled(c, token, decided.cancelled)
-            )
+            sent_history = (self.worker, durations) if recording else None
+            changed = _transitions(c, token, decided, ended, providers, sent_history)
             if recording:
                 others = [a for a in history if a.outcome != "sent"]
                 store.record_attempts(c, self.worker, others)
             self.content.record_suppressions(c, rows, results)
             return changed
 
-        return self._write(statements)
+        try:
+            return self._write(statements)
+        except (OperationalError, InterfaceError):
+            raise  # the database is gone for longer than the lease: the rescue owns the rows
+        except DBAPIError as exc:  # refused for the data: find the row, record the rest
+            return self._record_apart(token, decided, history, ended, rows, results, exc)
+
+    def _record_apart(
+        self,
+        token: UUID,
+        decided: Plan,
+        history: list[store.Attempt],
+        ended: dict[int, float],
+        rows: list[Notification],
+        results: dict[int, Result],
+        exc: DBAPIError,
+    ) -> int:
+        """Record a batch whose outcomes the database refused, in halves, down to the row it
+        refuses: that row is recorded plainly (its transition, without anything a provider
+        wrote), and no row that was sent is left to be sent again."""
+        ids = decided.ids()
+        if len(ids) > 1:
+            halves = (ids[: len(ids) // 2], ids[len(ids) // 2 :])
+            return sum(
+                self._record(
+                    token,
+                    decided.only(half),
+                    [a for a in history if a.id in set(half)],
+                    ended,
+                    [n for n in rows if n.id in set(half)],
+                    results,
+                )
+                for half in halves
+            )
+        why = f"its outcome could not be stored ({_named(exc.orig or exc)}); see the worker's log"
+        log.error("recording notification %s failed: %s", ids, exc)
+        plain = decided.plainly(truncate(why))
+        try:
+            return self._write(lambda c: _transitions(c, token, plain, ended))
+        except DBAPIError:
+            log.exception("notification %s: even its plain outcome was refused", ids)
+            return 0
 
     def _write(self, statements: Callable[[Connection], T]) -> T:
         """Run one short transaction, retrying until it commits if the database goes away.
@@ -479,3 +598,26 @@ class Dispatcher:
                 log.warning("database write failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _named(exc: BaseException) -> str:
+    """An exception as a row's reason: its class and message, on one bounded line."""
+    return truncate(f"{type(exc).__name__}: {exc}", 300)
+
+
+def _transitions(
+    c: Connection,
+    token: UUID,
+    decided: Plan,
+    ended: dict[int, float],
+    providers: dict[int, str] | None = None,
+    sent_history: tuple[str, dict[int, int | None]] | None = None,
+) -> int:
+    """Every guarded transition of a plan; how many rows they changed."""
+    return (
+        store.mark_sent(c, token, decided.sent, providers or {}, sent_history, sent_at=ended)
+        + store.schedule_retry(c, token, decided.retries)
+        + store.defer(c, token, decided.deferred)
+        + store.mark_dead(c, token, decided.dead)
+        + store.mark_cancelled(c, token, decided.cancelled)
+    )

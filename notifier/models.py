@@ -30,6 +30,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PgUUID
 
+#: No channel has a use for a longer recipient: URLs beyond 2048 characters are not reliably
+#: accepted, email addresses stop at 254, phone numbers and device tokens are far shorter.
+MAX_RECIPIENT_LENGTH = 2048
+#: Longest ``subject`` any channel takes (an email header line is at most 998 characters).
+MAX_SUBJECT_LENGTH = 2048
+#: Longest ``guard``, ``template`` or ``locale`` name.
+MAX_NAME_LENGTH = 200
+
 
 class Status(StrEnum):
     """Where a notification is in its life. Mirrored by the ``notifications_status`` CHECK."""
@@ -74,6 +82,11 @@ class Notification:
     template: str | None = None
     #: the template's locale, e.g. ``de-AT``; ``NOTIFIER_DEFAULT_LOCALE`` when unset
     locale: str | None = None
+    #: how often a provider's "slow down" has handed the row back (see ``max_deferrals``)
+    deferrals: int = 0
+    #: why the row cannot be sent as written, found while reading it (a payload too deep to
+    #: parse, a body over the limit): the row goes to ``dead`` with this reason, unsent
+    defect: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:
@@ -107,6 +120,7 @@ notifications = Table(
     Column("provider_message_id", Text),
     Column("provider", Text),
     Column("rescues", Integer, nullable=False, server_default=text("0")),
+    Column("deferrals", Integer, nullable=False, server_default=text("0")),
     Column("claim_token", PgUUID(as_uuid=True)),
     Column("claimed_by", Text),
     Column("locked_until", DateTime(timezone=True)),

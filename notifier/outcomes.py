@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -35,8 +35,35 @@ class Plan:
     deferred: list[RetryAt] = field(default_factory=list)
     dead: dict[int, str] = field(default_factory=dict)
     cancelled: dict[int, str] = field(default_factory=dict)
-    #: the longest back-off a provider asked for, by channel
+    #: the longest back-off asked for, by channel, or by receiver (``Retry.scope``)
     throttled: dict[str, float] = field(default_factory=dict)
+
+    def ids(self) -> list[int]:
+        """Every row the plan writes, in id order."""
+        retried = [r.id for r in (*self.retries, *self.deferred)]
+        return sorted({*self.sent, *retried, *self.dead, *self.cancelled})
+
+    def only(self, ids: Collection[int]) -> Plan:
+        """The part of the plan that writes these rows."""
+        keep = set(ids)
+        return Plan(
+            sent={i: m for i, m in self.sent.items() if i in keep},
+            retries=[r for r in self.retries if r.id in keep],
+            deferred=[r for r in self.deferred if r.id in keep],
+            dead={i: e for i, e in self.dead.items() if i in keep},
+            cancelled={i: e for i, e in self.cancelled.items() if i in keep},
+        )
+
+    def plainly(self, why: str) -> Plan:
+        """The same transitions with nothing a provider or receiver wrote: no message ids, and
+        ``why`` for every error. For a row whose outcome the database would not store."""
+        return Plan(
+            sent=dict.fromkeys(self.sent),
+            retries=[RetryAt(r.id, why, r.at) for r in self.retries],
+            deferred=[RetryAt(r.id, why, r.at) for r in self.deferred],
+            dead=dict.fromkeys(self.dead, why),
+            cancelled=dict.fromkeys(self.cancelled, why),
+        )
 
 
 def plan(
@@ -45,43 +72,80 @@ def plan(
     policy: RetryPolicy,
     now: datetime,
     rand: Callable[[], float] = random.random,
+    *,
+    max_deferrals: int = 20,
 ) -> Plan:
     """Decide each row's next status from its result. Pure.
 
     ``Retry`` on the last allowed attempt becomes ``dead``, naming the attempts and the error.
     A throttled ``Retry`` (HTTP 429) is deferred by its ``retry_after`` (or the backoff) without
-    counting the attempt.
+    counting the attempt, unless the row has been deferred ``max_deferrals`` times already
+    (``dead``) or the wait would outlast its ``expires_at`` (``cancelled``). Every text that
+    reaches the database is cleaned and bounded (``truncate``). Whatever a result holds, each
+    row gets a decision: one that cannot be made makes that row ``dead``, naming why.
     """
     result = Plan()
     for n in claimed:
-        outcome = outcomes[n.id]
-        if isinstance(outcome, Sent):
-            result.sent[n.id] = outcome.provider_message_id
-        elif isinstance(outcome, Permanent):
-            result.dead[n.id] = truncate(outcome.error)
-        elif isinstance(outcome, Cancelled):
-            result.cancelled[n.id] = truncate(outcome.reason)
-        elif outcome.throttled:
-            wait = min(outcome.retry_after or policy.delay(max(n.attempts, 1), rand), policy.cap)
-            result.deferred.append(
-                RetryAt(n.id, truncate(outcome.error), now + timedelta(seconds=wait))
-            )
-            result.throttled[n.channel] = max(result.throttled.get(n.channel, 0.0), wait)
-        else:
-            at = next_attempt_at(
-                policy,
-                attempts=n.attempts,
-                max_attempts=n.max_attempts,
-                now=now,
-                retry_after=outcome.retry_after,
-                rand=rand,
-            )
-            error = truncate(outcome.error)
-            if at is None:
-                result.dead[n.id] = f"gave up after {n.attempts} attempts; last error: {error}"
-            else:
-                result.retries.append(RetryAt(n.id, error, at))
+        try:
+            _decide(result, n, outcomes[n.id], policy, now, rand, max_deferrals)
+        except Exception as exc:
+            result.dead[n.id] = truncate(f"deciding its outcome raised {type(exc).__name__}: {exc}")
     return result
+
+
+def _decide(
+    result: Plan,
+    n: Notification,
+    outcome: Result,
+    policy: RetryPolicy,
+    now: datetime,
+    rand: Callable[[], float],
+    max_deferrals: int,
+) -> None:
+    if isinstance(outcome, Sent):
+        message_id = outcome.provider_message_id
+        result.sent[n.id] = None if message_id is None else truncate(str(message_id), 255)
+    elif isinstance(outcome, Permanent):
+        result.dead[n.id] = truncate(outcome.error)
+    elif isinstance(outcome, Cancelled):
+        result.cancelled[n.id] = truncate(outcome.reason)
+    elif outcome.throttled:
+        error = truncate(outcome.error)
+        wait = _wait(outcome.retry_after) or policy.delay(max(n.attempts, 1), rand)
+        wait = min(wait, policy.cap)
+        until = now + timedelta(seconds=wait)
+        if n.deferrals >= max_deferrals:
+            result.dead[n.id] = (
+                f"gave up after being asked to slow down {n.deferrals + 1} times "
+                f"(NOTIFIER_MAX_DEFERRALS={max_deferrals}); last answer: {error}"
+            )
+        elif n.expires_at is not None and until >= n.expires_at:
+            result.cancelled[n.id] = f"expired while its receiver asked to wait: {error}"
+        else:
+            result.deferred.append(RetryAt(n.id, error, until))
+        key = outcome.scope or n.channel
+        result.throttled[key] = max(result.throttled.get(key, 0.0), wait)
+    else:
+        at = next_attempt_at(
+            policy,
+            attempts=n.attempts,
+            max_attempts=n.max_attempts,
+            now=now,
+            retry_after=_wait(outcome.retry_after),
+            rand=rand,
+        )
+        error = truncate(outcome.error)
+        if at is None:
+            result.dead[n.id] = f"gave up after {n.attempts} attempts; last error: {error}"
+        else:
+            result.retries.append(RetryAt(n.id, error, at))
+
+
+def _wait(retry_after: float | None) -> float | None:
+    """A provider's ``retry_after`` if it is a usable number of seconds (not NaN, not < 0)."""
+    if retry_after is None or not retry_after >= 0:
+        return None
+    return float(retry_after)
 
 
 def attempts_of(

@@ -10,6 +10,9 @@ Key layout: ``notifier:rate:{provider}:{window}`` - a hash with ``tokens`` (floa
 negative after a provider's 429) and ``ts`` (the server time of the last update, ms), expiring
 once the bucket would be full again. ``window`` is the window's spelling, e.g. ``100/s``.
 
+A 429 from something without windows of its own - one webhook receiver, ``webhook:host:port`` -
+holds back that alone: ``notifier:hold:{scope}``, a string that expires when the hold ends.
+
 If Redis cannot be reached the limiter raises, and the dispatcher sends nothing (fail closed).
 """
 
@@ -22,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+
+#: Longest a receiver's 429 holds it back, whatever its ``Retry-After`` says.
+MAX_HOLD_SECONDS = 3600.0
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*(?::\s*(\d+))?\s*$")
@@ -125,6 +131,7 @@ class RateLimiter:
 
     def __init__(self, client: redis.Redis, limits: Mapping[str, Sequence[Window]]) -> None:
         self._limits = {p: list(w) for p, w in limits.items() if w}
+        self._client = client
         self._acquire = client.register_script(ACQUIRE)
         self._block = client.register_script(BLOCK)
 
@@ -140,10 +147,25 @@ class RateLimiter:
         return int(granted), float(wait_ms) / 1000.0
 
     def block(self, provider: str, seconds: float) -> None:
-        """Let no worker send to ``provider`` for ``seconds`` (it asked us to back off)."""
+        """Let no worker send to ``provider`` (or to one receiver, a scope without windows) for
+        ``seconds``: it asked us to back off."""
+        if seconds <= 0:
+            return
         windows = self._limits.get(provider)
-        if windows and seconds > 0:
+        if windows:
             self._block(keys=self._keys(provider), args=self._args(seconds, windows))
+        else:
+            ms = max(1, math.ceil(min(seconds, MAX_HOLD_SECONDS) * 1000))
+            self._client.set(f"notifier:hold:{provider}", 1, px=ms)
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]:
+        """Of ``scopes``, those held back now (see ``block``), with the seconds left."""
+        if not scopes:
+            return {}
+        pipe = self._client.pipeline(transaction=False)
+        for scope in scopes:
+            pipe.pttl(f"notifier:hold:{scope}")
+        return {s: int(ms) / 1000.0 for s, ms in zip(scopes, pipe.execute(), strict=True) if ms > 0}
 
     def _keys(self, provider: str) -> list[str]:
         return [f"notifier:rate:{provider}:{w.spelling}" for w in self._limits[provider]]

@@ -30,7 +30,14 @@ from typing import cast
 from notifier import eventloop
 from notifier.models import Notification
 from notifier.outcomes import Result
-from notifier.providers import AsyncProvider, Provider, Retry, can_send_async, provider_name
+from notifier.providers import (
+    AsyncProvider,
+    Permanent,
+    Provider,
+    Retry,
+    can_send_async,
+    provider_name,
+)
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -286,8 +293,10 @@ def _no_guard(n: Notification) -> Result | None:
 
 
 def _raised(name: str, n: Notification, exc: Exception) -> Result:
+    """A provider that raises instead of answering met something it cannot handle in this row:
+    the row is given up, naming the exception, rather than raising again at every attempt."""
     log.error("provider %s raised on notification %d", name, n.id, exc_info=exc)
-    return Retry(f"{name} provider raised {type(exc).__name__}: {exc}")
+    return Permanent(f"{name} provider raised {type(exc).__name__}: {exc}")
 
 
 def _with_failures(failed: list[str], name: str, outcome: Result) -> Result:

@@ -133,6 +133,15 @@ class Settings(BaseSettings):
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
 
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    """Largest ``body`` a row may carry, in UTF-8 bytes; a bigger one makes the row ``dead``
+    without being read into the worker (a batch of huge bodies cannot fill its memory)."""
+
+    max_deferrals: int = Field(20, gt=0)
+    """How many times a row may be handed back because its receiver or provider asked us to slow
+    down (HTTP 429) before it is given up as ``dead``: a receiver that always answers 429 does
+    not keep a row waiting for ever."""
+
     record_attempts: bool = True
     """Keep one ``notification_attempts`` row per attempt (``notifier show`` tells the story)."""
 

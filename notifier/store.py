@@ -7,26 +7,47 @@ and claimed again changes nothing.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from sqlalchemy import Connection, Engine, create_engine, text
+from psycopg.abc import Buffer
+from psycopg.types.datetime import TimestamptzLoader
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from notifier.models import Notification
+from notifier.models import (
+    MAX_NAME_LENGTH,
+    MAX_RECIPIENT_LENGTH,
+    MAX_SUBJECT_LENGTH,
+    Notification,
+)
 from notifier.settings import get_settings
 
-# The fields of ``Notification`` in order, but its claim token: that is the claim's own.
+# What a claim reads of each row. Whatever a producer wrote, reading it cannot fail and cannot
+# cost more than the limits: long texts come back cut one character past their limit (the check
+# then names the limit), a body over ``max_body_bytes`` and a payload stored larger than
+# ``payload_read_limit`` do not come back at all (only their sizes do), and the payload comes as
+# text, parsed row by row in Python (``_decode``). Timestamps are read by ``_SafeTimestamptz``.
 _RETURNING = """
-    n.id, n.channel, n.recipient, n.subject, n.body, n.payload, n.attempts, n.max_attempts,
-    n.created_at, n.dedupe_key, n.priority, n.guard, n.expires_at, n.template, n.locale
+    n.id, n.channel, left(n.recipient, %(text_cap)s), left(n.subject, %(subject_cap)s),
+    CASE WHEN octet_length(n.body) <= %(max_body)s THEN n.body END, octet_length(n.body),
+    CASE WHEN pg_column_size(n.payload) <= %(payload_cap)s THEN n.payload::text END,
+    pg_column_size(n.payload), n.attempts, n.max_attempts, n.created_at, n.dedupe_key,
+    n.priority, left(n.guard, %(name_cap)s), n.expires_at, left(n.template, %(name_cap)s),
+    left(n.locale, %(name_cap)s), n.deferrals
 """
+_CLAIM_LIMITS = {
+    "text_cap": MAX_RECIPIENT_LENGTH + 1,
+    "subject_cap": MAX_SUBJECT_LENGTH + 1,
+    "name_cap": MAX_NAME_LENGTH + 1,
+}
 
 # Run on the driver's cursor (a batch's rows become Notifications without a result layer between).
 CLAIM_DUE = f"""
@@ -128,7 +149,7 @@ DEFER = text(
     """
     UPDATE notifications AS n
        SET status = 'pending', updated_at = now(), locked_until = NULL,
-           attempts = greatest(n.attempts - 1, 0),
+           attempts = greatest(n.attempts - 1, 0), deferrals = n.deferrals + 1,
            next_attempt_at = v.next_attempt_at, last_error = v.error
       FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]),
                   CAST(:next_attempts AS timestamptz[])) AS v(id, error, next_attempt_at)
@@ -274,7 +295,8 @@ def engine() -> Engine:
 
 
 def make_engine(url: str) -> Engine:
-    return create_engine(
+    """An engine whose connections read any timestamp a producer can write."""
+    eng = create_engine(
         url,
         pool_size=2,
         max_overflow=2,
@@ -282,6 +304,8 @@ def make_engine(url: str) -> Engine:
         pool_recycle=1800,
         connect_args={"connect_timeout": 10, "application_name": "notifier"},
     )
+    event.listen(eng, "connect", _on_connect)
+    return eng
 
 
 def dispose_engine(*, close: bool = False) -> None:
@@ -294,8 +318,31 @@ def dispose_engine(*, close: bool = False) -> None:
 # --- the dispatcher's statements ---------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """The most a claim reads of one row's body and payload (see ``_RETURNING``)."""
+
+    max_body_bytes: int = 1_048_576
+    max_payload_bytes: int = 65_536
+
+    @property
+    def payload_read_limit(self) -> int:
+        """Stored (binary, maybe compressed) size past which a payload is not read at all.
+
+        Well above ``max_payload_bytes``, since jsonb's binary form is larger than its JSON
+        text for small values: a payload within the limit is always read, and the exact
+        measure is taken afterwards (``validation.payload_size``)."""
+        return 8 * self.max_payload_bytes + 1024
+
+
 def claim_due(
-    conn: Connection, *, limit: int, lease_seconds: float, token: UUID, worker: str
+    conn: Connection,
+    *,
+    limit: int,
+    lease_seconds: float,
+    token: UUID,
+    worker: str,
+    limits: ReadLimits = ReadLimits(),
 ) -> list[Notification]:
     """Claim up to ``limit`` due pending rows for this worker, in one statement.
 
@@ -303,17 +350,31 @@ def claim_due(
     ``priority`` first, then the longest-waiting, then by id. Rows locked by another claim are
     skipped, never waited on. Each claimed row becomes ``processing`` with ``attempts`` counting
     the attempt about to be made, the given claim token, and a lease of ``lease_seconds``.
+
+    No row can make the claim fail: what cannot be read of a row (see ``_RETURNING``) comes
+    back as its ``defect``, and the dispatcher gives that row up alone.
     """
 
     def notification(values: Sequence[Any]) -> Notification:
-        (id_, channel, recipient, subject, body, payload, attempts, max_attempts, created_at,
-         dedupe_key, priority, guard, expires_at, template, locale) = values  # fmt: skip
+        (id_, channel, recipient, subject, body, body_bytes, payload, payload_bytes, attempts,
+         max_attempts, created_at, dedupe_key, priority, guard, expires_at, template, locale,
+         deferrals) = values  # fmt: skip
+        decoded, defect = _decode(payload, payload_bytes, body_bytes, limits)
         return Notification(
-            id_, channel, recipient, subject, body, payload, attempts, max_attempts, token,
-            created_at, dedupe_key, priority, guard, expires_at, template, locale,
+            id_, channel, recipient, subject, body, decoded, attempts, max_attempts, token,
+            created_at, dedupe_key, priority, guard, expires_at, template, locale, deferrals,
+            defect,
         )  # fmt: skip
 
-    params = {"token": token, "worker": worker, "lease_seconds": lease_seconds, "limit": limit}
+    params = {
+        "token": token,
+        "worker": worker,
+        "lease_seconds": lease_seconds,
+        "limit": limit,
+        "max_body": limits.max_body_bytes,
+        "payload_cap": limits.payload_read_limit,
+        **_CLAIM_LIMITS,
+    }
     with driver(conn).cursor(row_factory=lambda _cursor: notification) as cur:
         claimed = cur.execute(CLAIM_DUE, params).fetchall()
     claimed.sort(key=lambda n: (-n.priority, n.id))
@@ -576,6 +637,48 @@ def next_wake(conn: Connection) -> float | None:
 
 
 # --- plumbing ----------------------------------------------------------------------------------
+
+
+def _decode(
+    payload: str | None, payload_bytes: int, body_bytes: int | None, limits: ReadLimits
+) -> tuple[Any, str | None]:
+    """A claimed row's payload parsed, and what is wrong with its body or payload, if anything."""
+    if body_bytes is not None and body_bytes > limits.max_body_bytes:
+        return {}, (
+            f"body is {body_bytes} bytes; at most {limits.max_body_bytes} allowed "
+            "(NOTIFIER_MAX_BODY_BYTES): send a link to the content instead"
+        )
+    if payload is None:
+        return {}, (
+            f"payload is stored in {payload_bytes} bytes, far over the "
+            f"{limits.max_payload_bytes} bytes allowed (NOTIFIER_MAX_PAYLOAD_BYTES)"
+        )
+    try:
+        return json.loads(payload), None
+    except RecursionError:
+        return {}, "payload is nested too deeply to be read; keep it to a few levels"
+    except ValueError as exc:  # jsonb always holds JSON; kept for what Python cannot hold
+        return {}, f"payload cannot be read: {exc}"
+
+
+class _SafeTimestamptz(TimestamptzLoader):
+    """Reads ``infinity``, ``-infinity`` and years past 9999 as the latest and earliest times
+    Python has, instead of failing the statement: a producer may write ``'infinity'`` into
+    ``expires_at`` to mean "never", and one such row must not stop every claim."""
+
+    def load(self, data: Buffer) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text_ = bytes(data).decode(errors="replace")
+            early = text_.startswith("-") or text_.endswith(" BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    if isinstance(dbapi_connection, psycopg.Connection):
+        dbapi_connection.adapters.register_loader("timestamptz", _SafeTimestamptz)
+
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 
-from notifier.models import Notification
+from notifier.models import (
+    MAX_NAME_LENGTH,
+    MAX_RECIPIENT_LENGTH,
+    MAX_SUBJECT_LENGTH,
+    Notification,
+)
 from notifier.providers.base import InvalidNotification
 from notifier.settings import Settings
 
-#: No channel has a use for a longer recipient: URLs beyond 2048 characters are not reliably
-#: accepted, email addresses stop at 254, phone numbers and device tokens are far shorter.
-MAX_RECIPIENT_LENGTH = 2048
+#: Deepest nesting of a payload's objects and arrays: templates and receivers read a few levels,
+#: and every JSON library has a recursion limit of its own.
+MAX_PAYLOAD_DEPTH = 64
 
 
 def payload_size(payload: object) -> int:
@@ -31,15 +36,29 @@ def payload_size(payload: object) -> int:
 def check_common(notification: Notification, settings: Settings) -> None:
     """Raise ``InvalidNotification`` unless the row keeps the limits every channel shares:
 
-    * ``recipient`` is at most ``MAX_RECIPIENT_LENGTH`` (2048) characters;
-    * ``payload`` is JSON and at most ``settings.max_payload_bytes`` (``payload_size``).
+    * ``recipient`` is at most ``MAX_RECIPIENT_LENGTH`` (2048) characters, ``subject`` at most
+      ``MAX_SUBJECT_LENGTH`` (2048), ``guard``, ``template`` and ``locale`` at most
+      ``MAX_NAME_LENGTH`` (200); a claim reads one character past each limit, no more;
+    * ``payload`` is JSON, at most ``settings.max_payload_bytes`` (``payload_size``) and nested
+      at most ``MAX_PAYLOAD_DEPTH`` (64) levels deep;
+    * ``body`` is at most ``settings.max_body_bytes`` (checked by the claim, which does not read
+      a longer one: see ``Notification.defect``).
 
     That ``payload`` is a JSON object is checked by the dispatcher before this runs.
     """
-    recipient = notification.recipient
-    if len(recipient) > MAX_RECIPIENT_LENGTH:
+    for field, value, limit in (
+        ("recipient", notification.recipient, MAX_RECIPIENT_LENGTH),
+        ("subject", notification.subject, MAX_SUBJECT_LENGTH),
+        ("guard", notification.guard, MAX_NAME_LENGTH),
+        ("template", notification.template, MAX_NAME_LENGTH),
+        ("locale", notification.locale, MAX_NAME_LENGTH),
+    ):
+        if value is not None and len(value) > limit:
+            raise InvalidNotification(f"{field} is longer than {limit} characters")
+    depth = payload_depth(notification.payload)
+    if depth > MAX_PAYLOAD_DEPTH:
         raise InvalidNotification(
-            f"recipient is {len(recipient)} characters; at most {MAX_RECIPIENT_LENGTH} allowed"
+            f"payload is nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} allowed"
         )
     try:
         size = payload_size(notification.payload)
@@ -51,3 +70,30 @@ def check_common(notification: Notification, settings: Settings) -> None:
             f"payload is {size} bytes as JSON; at most {limit} allowed "
             "(NOTIFIER_MAX_PAYLOAD_BYTES): send a link or an id to the data instead of the data"
         )
+    body = notification.body
+    if body is not None and len(body) * 4 > settings.max_body_bytes:  # cheap unless near
+        size = len(body.encode(errors="surrogatepass"))
+        if size > settings.max_body_bytes:
+            raise InvalidNotification(
+                f"body is {size} bytes; at most {settings.max_body_bytes} allowed "
+                "(NOTIFIER_MAX_BODY_BYTES): send a link to the content instead"
+            )
+
+
+def payload_depth(value: object) -> int:
+    """Levels of objects and arrays in ``value`` (a scalar is 0), without recursion, stopping
+    one level past ``MAX_PAYLOAD_DEPTH``."""
+    depth = 0
+    level = [value]
+    while level and depth <= MAX_PAYLOAD_DEPTH:
+        children: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if not children and not any(isinstance(i, dict | list) for i in level):
+            break
+        depth += 1
+        level = children
+    return depth

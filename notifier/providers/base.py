@@ -35,6 +35,9 @@ class Retry:
     #: the provider asked us to slow down (HTTP 429): no attempt is used up, and every worker
     #: holds back from this provider for ``retry_after`` seconds
     throttled: bool = False
+    #: who asked to slow down, when it is not the channel's provider as a whole: one receiver
+    #: (``webhook:host:port``), held back alone so that it cannot hold back the others
+    scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,10 @@ def can_send_async(provider: Provider) -> bool:
 
 
 def truncate(text: str, limit: int = 500) -> str:
-    """Keep error texts stored in ``last_error`` readable and bounded."""
+    """Keep error texts stored in ``last_error`` readable, bounded and storable: one line,
+    at most ``limit`` characters, and every character PostgreSQL cannot store or a terminal
+    would act on (NUL, other controls, lone surrogates, bidi overrides) shown as U+FFFD."""
     text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -160,6 +160,10 @@ class WebhookProvider:
         except (TypeError, ValueError) as exc:
             raise InvalidNotification(f"payload is not JSON-serializable: {exc}") from None
 
+    def throttle_scope(self, notification: Notification) -> str | None:
+        """The receiver a row goes to: a 429 holds back that receiver (``receiver_scope``)."""
+        return receiver_scope(notification.recipient)
+
     def send(self, notification: Notification) -> Outcome:
         """``send_async``, waited for on the process's event loop: for a caller in a thread."""
         return eventloop.run(self.send_async(notification))
@@ -175,7 +179,7 @@ class WebhookProvider:
         try:
             post = self._client().post(url, data=body, headers=headers, allow_redirects=False)
             async with post as response:
-                return await _outcome(response, msg_id, host)
+                return await _outcome(response, msg_id, host, receiver_scope(url))
         except BlockedAddress as exc:  # raised by the connection, before anything was sent
             return Permanent(str(exc))
         except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
@@ -279,7 +283,9 @@ class WebhookProvider:
         return json.dumps(document, separators=(",", ":")).encode()
 
 
-async def _outcome(response: aiohttp.ClientResponse, msg_id: str, host: str) -> Outcome:
+async def _outcome(
+    response: aiohttp.ClientResponse, msg_id: str, host: str, scope: str | None
+) -> Outcome:
     """What the receiver's answer means for the row."""
     status = response.status
     if 200 <= status < 300:
@@ -294,7 +300,7 @@ async def _outcome(response: aiohttp.ClientResponse, msg_id: str, host: str) -> 
     error = f"HTTP {status} from {host}: {truncate(await _read_some(response), 300)}"
     if status in (408, 429) or status >= 500:
         retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Retry(error, retry_after, throttled=status == 429)
+        return Retry(error, retry_after, throttled=status == 429, scope=scope)
     return Permanent(error)
 
 
@@ -307,6 +313,15 @@ async def _read_some(response: aiohttp.ClientResponse) -> str:
             break
         chunks += chunk
     return bytes(chunks).decode("utf-8", errors="replace")
+
+
+def receiver_scope(url: str | yarl.URL) -> str | None:
+    """``webhook:host:port`` of a receiver: a 429 holds back that receiver alone."""
+    try:
+        parsed = url if isinstance(url, yarl.URL) else yarl.URL(url)
+        return f"webhook:{(parsed.host or '').lower()}:{parsed.port}" if parsed.host else None
+    except ValueError:
+        return None
 
 
 def _host_and_port(url: yarl.URL) -> str:
