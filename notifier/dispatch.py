@@ -572,7 +572,10 @@ class Dispatcher:
                 )
                 for half in halves
             )
-        why = f"its outcome could not be stored ({_named(exc.orig or exc)}); see the worker's log"
+        # Only the error's kind: its message may quote the very data the database refused.
+        kind = type(exc.orig or exc).__name__
+        sqlstate = getattr(exc.orig, "sqlstate", None) or "?"
+        why = f"its outcome could not be stored ({kind}, SQLSTATE {sqlstate}); see the worker's log"
         log.error("recording notification %s failed: %s", ids, exc)
         plain = decided.plainly(truncate(why))
         try:

@@ -32,6 +32,8 @@ class Receiver:
     """Every request's headers and body, in the order they arrived."""
     connections: int = 0
     """TCP connections accepted: fewer than requests when the client keeps them alive."""
+    answers: dict[str, tuple[int, dict[str, str], bytes]] = field(default_factory=dict)
+    """By path: (status, headers, body) to answer instead of ``status`` with an empty body."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -53,11 +55,17 @@ class Receiver:
                 body = self.rfile.read(length)
                 json.loads(body)
                 with receiver._lock:
-                    receiver.requests.append((dict(self.headers.items()), body))
+                    receiver.requests.append(({**self.headers, "x-path": self.path}, body))
                 time.sleep(receiver.delay)
-                self.send_response(receiver.status)
-                self.send_header("Content-Length", "0")
+                status, headers, answer = receiver.answers.get(
+                    self.path, (receiver.status, {}, b"")
+                )
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
+                self.wfile.write(answer)
                 with receiver._lock:
                     receiver.deliveries.append(
                         (self.headers["webhook-id"], arrived, time.monotonic())
@@ -79,6 +87,15 @@ class Receiver:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+    def base(self) -> str:
+        """``http://127.0.0.1:port``: add any path, answered as ``answers`` says."""
+        return self.url.removesuffix("/hook")
+
+    def paths(self) -> Counter[str]:
+        """Requests received so far, by path."""
+        with self._lock:
+            return Counter(h.get("x-path", "") for h, _ in self.requests)
 
     def counts(self) -> Counter[str]:
         with self._lock:

@@ -135,7 +135,10 @@ class WebhookProvider:
                 "recipient URL contains whitespace or control characters (CR/LF, tab, space); "
                 "percent-encode them"
             )
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # e.g. an unclosed IPv6 bracket: https://[::1/
+            raise InvalidNotification(f"recipient URL is malformed: {exc}") from None
         if not parts.scheme or not parts.hostname:
             raise InvalidNotification(
                 "recipient is not an absolute URL; expected https://host/path"
