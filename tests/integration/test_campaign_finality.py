@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from notifier import ops
-from notifier.campaigns import CampaignError, Campaigns, unwritten
+from notifier.campaigns import CampaignError, Campaigns
 from notifier.settings import Settings
 from tests.migrations import migrate
 
@@ -178,20 +178,3 @@ def test_campaigns_launched_before_the_upgrade_are_not_written_again_after_a_pur
     migrate(engine, "head")
     _send_and_purge(engine, settings)
     assert campaigns.launch("spring") == 0
-
-
-@pytest.mark.parametrize(
-    ("last", "written", "chunk", "todo"),
-    [
-        (0, [], 10, []),
-        (23, [], 10, [(0, 10), (10, 20), (20, 23)]),
-        (23, [(1, 10)], 10, [(10, 20), (20, 23)]),
-        (23, [(11, 20), (1, 10), (21, 23)], 10, []),
-        (30, [(1, 7), (15, 21)], 5, [(7, 12), (12, 14), (21, 26), (26, 30)]),
-        (5, [(1, 9)], 5, []),  # recorded beyond the last recipient: nothing to do
-    ],
-)
-def test_a_launch_plans_only_the_positions_no_chunk_has_written(
-    last: int, written: list[tuple[int, int]], chunk: int, todo: list[tuple[int, int]]
-) -> None:
-    assert unwritten(last, written, chunk) == todo
