@@ -1,6 +1,6 @@
-"""All SQL of campaigns: audience and code imports, the set-based fan-out, pause and resume.
+"""All SQL of campaigns but their imports: the set-based fan-out, cancel, pause and resume.
 
-Like ``notifier.store``, the only other module that talks to the driver. Every step is
+Like ``notifier.store``, a module that talks to the driver. Every step is
 idempotent, so a launch that died half-way is finished by running it again:
 
 * a recipient is staged once (primary key ``(campaign_id, recipient)``), a code once (primary
@@ -8,22 +8,26 @@ idempotent, so a launch that died half-way is finished by running it again:
 * recipients and codes get dense positions per campaign as they are imported (unique per
   campaign), and recipient N is given code N: the pairing is fixed before the launch, which only
   reads it, so a code goes to one recipient and a recipient gets one code whatever is re-run;
-* a recipient gets at most one notification (unique index on ``(campaign_id, recipient)``).
+* a recipient gets at most one notification (unique index on ``(campaign_id, recipient)``);
+* every chunk a launch writes is recorded in ``campaign_chunks`` in its own transaction, and a
+  launch writes only the positions no chunk has: the record outlives ``notifier purge``, so a
+  finished campaign whose rows were purged is never written, and sent, again.
 
-Imports into one campaign take turns (an advisory lock), so their positions never collide.
+Launch chunks and the status changes that must see all of them (cancel, pause, resume) take
+turns on a lock per campaign (``hold_writes``), so a cancel is final for every row a launch
+writes, before or after it.
+
+The imports of audiences and codes are in ``notifier.campaign_imports``.
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import IO, Any
+from typing import Any
 
 from sqlalchemy import Connection, text
-
-from notifier import store
 
 CREATE = text(
     """
@@ -47,49 +51,6 @@ SET_STATUS = text(
     RETURNING id
     """
 )
-
-LOCK_CAMPAIGN = text(
-    "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
-)
-
-# The new recipients among {source}'s rows (recipient, fields), each recipient once, numbered
-# on from the campaign's last position. Sorted once; the primary key is then filled in order.
-NEW_RECIPIENTS = """
-    INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
-    SELECT :id,
-           (SELECT coalesce(max(position), 0) FROM campaign_recipients WHERE campaign_id = :id)
-             + row_number() OVER (ORDER BY s.recipient),
-           s.recipient, s.fields
-      FROM (SELECT DISTINCT ON (recipient) recipient, fields
-              FROM ({source}) AS source ORDER BY recipient) AS s
-     WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
-                        WHERE r.campaign_id = :id AND r.recipient = s.recipient)
-"""
-
-# A CSV staged by ``import_audience``: c0 the recipient, c1... the fields ({fields} pairs them
-# with their names).
-STAGED = """
-    SELECT trim(c0) AS recipient, {fields} AS fields
-      FROM stage WHERE coalesce(trim(c0), '') <> ''
-"""
-
-# An operator's query with a ``recipient`` column; its other columns are the fields.
-QUERIED = """
-    SELECT q.recipient::text AS recipient, to_jsonb(q) - 'recipient' AS fields
-      FROM ({query}) AS q WHERE q.recipient IS NOT NULL
-"""
-
-CODES_FROM_STAGE = """
-    INSERT INTO campaign_codes (campaign_id, position, code)
-    SELECT %(campaign_id)s,
-           (SELECT coalesce(max(position), 0) FROM campaign_codes
-             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.code),
-           s.code
-      FROM (SELECT DISTINCT trim(code) AS code FROM stage
-             WHERE coalesce(trim(code), '') <> '') AS s
-     WHERE NOT EXISTS (SELECT 1 FROM campaign_codes AS k
-                        WHERE k.campaign_id = %(campaign_id)s AND k.code = s.code)
-"""
 
 # Recipients, codes, and codes given: those at a recipient's position, each that recipient's.
 # Recipient positions run 1..last without a gap, so the last position is the recipient count.
@@ -134,7 +95,8 @@ FAN_OUT = """
     SELECT :channel, r.recipient, {subject}, {body},
            CAST(:payload AS jsonb) || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
                                             ELSE jsonb_build_object('code', k.code) END,
-           :priority, :max_attempts, :id, :due
+           :priority, :max_attempts, :id,
+           CASE WHEN :parked THEN 'infinity'::timestamptz ELSE CAST(:due AS timestamptz) END
       FROM campaign_recipients r
       LEFT JOIN campaign_codes k
              ON k.campaign_id = :id AND k.position = r.position
@@ -150,6 +112,27 @@ ON_CONFLICT = "ON CONFLICT (campaign_id, recipient) WHERE campaign_id IS NOT NUL
 
 LOCK_LAUNCH = text("SELECT pg_advisory_lock(hashtext('notifier.launch'), CAST(:id AS int))")
 UNLOCK_LAUNCH = text("SELECT pg_advisory_unlock(hashtext('notifier.launch'), CAST(:id AS int))")
+
+# Chunks take it shared for their transaction; cancel, pause and resume take it exclusive. A
+# heavyweight lock queues fairly: once a cancel waits, no chunk starts ahead of it, where share
+# locks on the campaign's row would let overlapping chunks hold a cancel off until the launch ends.
+_WRITES_KEY = "hashtext('notifier.campaign.writes'), CAST(:id AS int)"
+HOLD_WRITES_SHARED = text(f"SELECT pg_advisory_xact_lock_shared({_WRITES_KEY})")
+HOLD_WRITES_EXCLUSIVE = text(f"SELECT pg_advisory_xact_lock({_WRITES_KEY})")
+
+STATUS = text("SELECT status FROM campaigns WHERE id = :id")
+
+WRITTEN_RANGES = text(
+    "SELECT first_position, last_position FROM campaign_chunks"
+    " WHERE campaign_id = :id ORDER BY first_position"
+)
+
+RECORD_CHUNK = text(
+    """
+    INSERT INTO campaign_chunks (campaign_id, first_position, last_position, written)
+    VALUES (:id, :after + 1, :upto, :written)
+    """
+)
 
 HAS_ROWS = text("SELECT EXISTS (SELECT 1 FROM notifications WHERE campaign_id = :id)")
 
@@ -225,75 +208,6 @@ def set_status(conn: Connection, campaign_id: int, status: str, allowed: Sequenc
     return conn.execute(SET_STATUS, params).first() is not None
 
 
-def import_audience(
-    conn: Connection, campaign_id: int, rows: IO[str], recipient_column: str
-) -> tuple[list[str], int]:
-    """COPY a CSV audience in; its other columns become each recipient's fields.
-
-    Returns the field names and how many new recipients were staged.
-    """
-    reader = csv.reader(rows)
-    header = next(reader, None)
-    if not header:
-        raise ValueError("the audience CSV is empty; it needs a header row")
-    header = [h.strip() for h in header]
-    if recipient_column not in header:
-        raise ValueError(
-            f"the audience CSV has no {recipient_column!r} column (it has: {', '.join(header)})"
-        )
-    if len(set(header)) != len(header):
-        raise ValueError("the audience CSV repeats a column name")
-    order = [header.index(recipient_column)] + [
-        i for i, h in enumerate(header) if h != recipient_column
-    ]
-    fields = [header[i] for i in order[1:]]
-    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = store.driver(conn)
-    with raw.cursor() as cur:
-        columns = ", ".join(f"c{i} text" for i in range(len(order)))
-        cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
-        with cur.copy(
-            f"COPY stage ({', '.join(f'c{i}' for i in range(len(order)))}) FROM STDIN"
-        ) as copy:
-            for record in reader:
-                if len(record) != len(header):
-                    raise ValueError(
-                        f"audience CSV line {reader.line_num} has {len(record)} values;"
-                        f" the header has {len(header)}"
-                    )
-                copy.write_row([record[i] for i in order])
-    pairs = ", ".join(f"CAST(:f{i} AS text), c{i + 1}" for i in range(len(fields)))
-    expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
-    params: dict[str, Any] = {"id": campaign_id}
-    params.update({f"f{i}": name for i, name in enumerate(fields)})
-    source = STAGED.format(fields=expression)
-    added = int(conn.execute(text(NEW_RECIPIENTS.format(source=source)), params).rowcount)
-    conn.execute(text("DROP TABLE stage"))
-    return fields, added
-
-
-def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
-    """Stage the rows of an operator's query; it must return a ``recipient`` column."""
-    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    statement = text(NEW_RECIPIENTS.format(source=QUERIED.format(query=query)))
-    return int(conn.execute(statement, {"id": campaign_id}).rowcount)
-
-
-def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
-    """COPY codes in, one per item; codes already in the pool are skipped."""
-    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = store.driver(conn)
-    with raw.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
-        with cur.copy("COPY stage (code) FROM STDIN") as copy:
-            for code in codes:
-                copy.write_row((code,))
-        cur.execute(CODES_FROM_STAGE.encode(), {"campaign_id": campaign_id})
-        added = cur.rowcount
-        cur.execute("DROP TABLE stage")
-    return added
-
-
 def pool_counts(conn: Connection, campaign_id: int) -> tuple[int, int, int]:
     """(recipients, codes, codes given)."""
     recipients, codes, given = conn.execute(POOL_COUNTS, {"id": campaign_id}).one()
@@ -334,14 +248,15 @@ def fan_out(
     campaign: CampaignRow,
     rendered: tuple[str, str, Mapping[str, Any]],
     payload_json: str,
-    due: datetime,
+    due: datetime | None,
     after: int,
     upto: int,
     fresh: bool,
 ) -> int:
     """Write the notifications of the recipients at positions ``(after, upto]``, due at
-    ``due``; how many were new. ``rendered`` is (subject SQL, body SQL, their parameters) from
-    ``campaigns.render_sql``.
+    ``due`` (``None``: parked, for a paused campaign); how many were new. ``rendered`` is
+    (subject SQL, body SQL, their parameters) from ``campaigns.render_sql``. The caller holds
+    ``hold_writes`` and records the chunk with ``record_chunk`` in the same transaction.
 
     Every chunk of a launch gets the same ``due``: rows then enter the due index in id order,
     at its end, whichever chunks run side by side.
@@ -367,6 +282,7 @@ def fan_out(
         "after": after,
         "upto": upto,
         "due": due,
+        "parked": due is None,
     }
     return int(conn.execute(text(sql), values).rowcount)
 
@@ -379,6 +295,28 @@ def lock_launch(conn: Connection, campaign_id: int) -> None:
 
 def unlock_launch(conn: Connection, campaign_id: int) -> None:
     conn.execute(UNLOCK_LAUNCH, {"id": campaign_id})
+
+
+def hold_writes(conn: Connection, campaign_id: int, *, exclusive: bool) -> str:
+    """Take the campaign's write lock until the transaction ends, and read its status then.
+
+    Shared: a launch chunk, which must not start once a cancel waits, and must see it once it
+    has committed. Exclusive: a status change that waits for the chunks under way.
+    """
+    conn.execute(HOLD_WRITES_EXCLUSIVE if exclusive else HOLD_WRITES_SHARED, {"id": campaign_id})
+    return str(conn.execute(STATUS, {"id": campaign_id}).scalar_one())
+
+
+def written_ranges(conn: Connection, campaign_id: int) -> list[tuple[int, int]]:
+    """The (first, last) positions of every chunk launches of the campaign have written."""
+    rows = conn.execute(WRITTEN_RANGES, {"id": campaign_id}).all()
+    return [(int(first), int(last)) for first, last in rows]
+
+
+def record_chunk(conn: Connection, campaign_id: int, after: int, upto: int, written: int) -> None:
+    """Remember that positions ``(after, upto]`` were written (``written`` of them new)."""
+    params = {"id": campaign_id, "after": after, "upto": upto, "written": written}
+    conn.execute(RECORD_CHUNK, params)
 
 
 def has_rows(conn: Connection, campaign_id: int) -> bool:

@@ -26,7 +26,7 @@ from typing import IO, Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from notifier import campaign_store
+from notifier import campaign_imports, campaign_store
 from notifier.campaign_store import CampaignRow, Counts
 from notifier.models import CampaignStatus
 
@@ -95,6 +95,22 @@ def render_sql(subject: str | None, body: str | None) -> tuple[str, str, dict[st
     return expression(subject, "s"), expression(body, "b"), params
 
 
+def unwritten(last: int, written: Iterable[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
+    """The ``(after, upto]`` position ranges of 1..``last`` that no chunk in ``written`` (each
+    a ``(first, last)`` pair) covers, cut into pieces of at most ``chunk`` positions."""
+    if chunk < 1:
+        raise CampaignError("a launch chunk holds at least 1 recipient")
+    todo: list[tuple[int, int]] = []
+    at = 0  # every position up to here is written or planned
+    for first, upto in [*sorted(written), (last + 1, last + 1)]:
+        gap_end = min(first - 1, last)
+        while at < gap_end:
+            todo.append((at, min(at + chunk, gap_end)))
+            at = todo[-1][1]
+        at = max(at, upto)
+    return todo
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     campaign: CampaignRow
@@ -152,16 +168,16 @@ class Campaigns:
     def import_audience(self, name: str, rows: IO[str], recipient_column: str = "recipient") -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            _, added = campaign_store.import_audience(conn, campaign.id, rows, recipient_column)
+            _, added = campaign_imports.import_audience(conn, campaign.id, rows, recipient_column)
             return added
 
     def audience_from_query(self, name: str, query: str) -> int:
         with self.engine.begin() as conn:
-            return campaign_store.audience_from_query(conn, self._get(conn, name).id, query)
+            return campaign_imports.audience_from_query(conn, self._get(conn, name).id, query)
 
     def import_codes(self, name: str, codes: Iterable[str]) -> int:
         with self.engine.begin() as conn:
-            return campaign_store.import_codes(conn, self._get(conn, name).id, codes)
+            return campaign_imports.import_codes(conn, self._get(conn, name).id, codes)
 
     def generate_codes(self, name: str, count: int, length: int = 12) -> int:
         """Add ``count`` random codes (``length`` hex characters, from the operating system's
@@ -189,7 +205,9 @@ class Campaigns:
         one transaction, ``parallel`` chunks at a time on connections of their own. Returns the
         number of notifications written by this run; ``progress`` is called with each chunk's
         count, from the calling thread. A second launch of the same campaign waits until the
-        first is over, then writes what is left (usually nothing).
+        first is over, then writes what is left: the positions no earlier chunk wrote (new
+        recipients, or the rest of a launch that died), never rows that were written, sent and
+        purged since. A cancel, even one during the launch, is final.
         """
         with self.engine.begin() as conn:
             campaign_id = self._get(conn, name).id
@@ -208,37 +226,57 @@ class Campaigns:
             campaign = self._get(conn, name)
             started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.launching, started):
+                if campaign.status == CampaignStatus.cancelled:
+                    raise CampaignError(
+                        f"campaign {name!r} was cancelled, which is final: it cannot launch"
+                        " again (create a new campaign to send it)"
+                    )
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
             self._check_ready(conn, campaign)
             last, due = campaign_store.last_position(conn, campaign.id)
             fresh = not campaign_store.has_rows(conn, campaign.id)
+            todo = unwritten(last, campaign_store.written_ranges(conn, campaign.id), chunk)
+        if not todo:
+            self._launched(campaign.id)
+            return 0
         with self.engine.begin() as conn:
             campaign_store.analyze(conn)
         rendered = render_sql(campaign.subject, campaign.body)
         payload = json.dumps({**campaign.payload, "campaign": campaign.name})
 
-        def write(after: int) -> int:
+        def write(after: int, upto: int) -> int:
             with self.engine.begin() as conn:
-                upto = after + chunk
-                return campaign_store.fan_out(
-                    conn, campaign, rendered, payload, due, after, upto, fresh
+                status = campaign_store.hold_writes(conn, campaign.id, exclusive=False)
+                if status == CampaignStatus.cancelled:
+                    raise CampaignError(
+                        f"campaign {name!r} was cancelled while it launched; nothing more is"
+                        " written, and every row written so far is cancelled"
+                    )
+                when = None if status == CampaignStatus.paused else due
+                n = campaign_store.fan_out(
+                    conn, campaign, rendered, payload, when, after, upto, fresh
                 )
+                campaign_store.record_chunk(conn, campaign.id, after, upto, n)
+                return n
 
         written = 0
         pool = ThreadPoolExecutor(parallel, thread_name_prefix="notifier-launch")
         try:
-            for done in as_completed([pool.submit(write, a) for a in range(0, last, chunk)]):
+            for done in as_completed([pool.submit(write, *r) for r in todo]):
                 n = done.result()
                 written += n
                 progress(n)
         finally:
             # A chunk that failed stops the launch (re-run it to finish): nothing more starts.
             pool.shutdown(wait=True, cancel_futures=True)
+        self._launched(campaign.id)
+        return written
+
+    def _launched(self, campaign_id: int) -> None:
         with self.engine.begin() as conn:
             campaign_store.set_status(
-                conn, campaign.id, CampaignStatus.running, [CampaignStatus.launching]
+                conn, campaign_id, CampaignStatus.running, [CampaignStatus.launching]
             )
-        return written
 
     def status(self, name: str) -> Status:
         with self.engine.connect() as conn:
@@ -249,24 +287,33 @@ class Campaigns:
         """Stop sending now; returns the rows held back. Sends already under way finish."""
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
+            # Chunks of a launch under way finish first; those after write their rows parked.
+            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
             movable = (CampaignStatus.launching, CampaignStatus.running)
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.paused, movable):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
-        with self.engine.begin() as conn:
             return campaign_store.park(conn, campaign.id)
 
     def resume(self, name: str) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
+            # A chunk that saw the pause has committed its parked rows before they are unparked.
+            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
             paused = [CampaignStatus.paused]
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.running, paused):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}, not paused")
             return campaign_store.unpark(conn, campaign.id)
 
     def cancel(self, name: str) -> int:
-        """Cancel every unsent notification of the campaign; returns how many."""
+        """Cancel every unsent notification of the campaign, for good; returns how many.
+
+        Final for the rows a launch under way writes too: the cancel waits for the chunks
+        being written and cancels their rows with the others, and no chunk writes after it.
+        A cancelled campaign cannot be launched again.
+        """
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
+            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
             live = [s for s in CampaignStatus if s is not CampaignStatus.cancelled]
             if not campaign_store.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
                 raise CampaignError(f"campaign {name!r} is cancelled already")

@@ -12,8 +12,10 @@
 
    and ``DELETE FROM suppressions WHERE ...`` lifts one. notifier adds one itself when a
    provider refuses the recipient for good (``Permanent(suppress=True)``: an SMTP ``RCPT TO``
-   answered ``550 5.1.1``), through ``Content.record_suppressions``. Recipients match exactly as
-   written in the row.
+   answered ``550 5.1.1``), through ``Content.record_suppressions``. Entries are stored and
+   matched by one rule (``suppression_recipient``, see ``notifier.content_store``): email
+   addresses without surrounding whitespace and case-insensitively (``Ann@Example.COM`` is
+   ``ann@example.com``), other channels' recipients exactly as written.
 
 2. **Templates.** A row may name a ``template`` (and a ``locale``) instead of carrying its
    subject and body. The template's subject, body and html are rendered with Jinja2 in a

@@ -131,13 +131,13 @@ def _template_rm(args: argparse.Namespace) -> int:
 
 def _suppress_add(args: argparse.Namespace) -> int:
     with store.engine().begin() as conn:
-        existing = content_store.suppress(conn, args.channel, args.recipient, args.reason)
-    if existing is None:
-        print(f"suppressed {args.channel} {args.recipient}")
+        entry, new = content_store.suppress(conn, args.channel, args.recipient, args.reason)
+    if new:
+        print(f"suppressed {entry.channel} {entry.recipient}")
     else:
         print(
-            f"{args.channel} {args.recipient} already suppressed since {existing.created_at}:"
-            f" {existing.reason}"
+            f"{entry.channel} {entry.recipient} already suppressed since {entry.created_at}:"
+            f" {entry.reason}"
         )
     return 0
 

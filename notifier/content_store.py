@@ -3,6 +3,11 @@
 Like ``notifier.store``, a module that talks to the driver; ``notifier.content`` sees none of
 it. The dispatcher's two lookups take a whole batch at once (its keys probed in the primary
 keys), so a batch costs one statement for each, never one per row.
+
+Suppression entries are stored and looked up by one rule, the database function
+``suppression_recipient(channel, recipient)`` (migration 0009): an email address trimmed and in
+lower case, any other recipient as written. A trigger applies it to every entry written,
+producers' own INSERTs included, and every lookup here applies it to the address it looks for.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ SUPPRESSED = text(
                           WHERE (SELECT min(recipient) FROM suppressions
                                   WHERE channel = c.key) IS NOT NULL) AS r
      CROSS JOIN LATERAL (SELECT reason FROM suppressions
-                          WHERE channel = c.key AND recipient = r.recipient
+                          WHERE channel = c.key
+                            AND recipient = suppression_recipient(c.key, r.recipient)
                           LIMIT 1) AS s
     """
 )
@@ -75,20 +81,20 @@ DELETE_TEMPLATE = text(
     "DELETE FROM templates WHERE name = :name AND channel = :channel AND locale = :locale"
 )
 
+# The entry as stored, new or not (the no-op update keeps the first reason and time); xmax is
+# 0 for a row this statement inserted.
 SUPPRESS_ONE = text(
     """
     INSERT INTO suppressions (channel, recipient, reason) VALUES (:channel, :recipient, :reason)
-    ON CONFLICT (channel, recipient) DO NOTHING
-    RETURNING created_at
+    ON CONFLICT (channel, recipient) DO UPDATE SET reason = suppressions.reason
+    RETURNING channel, recipient, reason, created_at, xmax = 0
     """
 )
 
-SUPPRESSION = text(
-    "SELECT channel, recipient, reason, created_at FROM suppressions"
-    " WHERE channel = :channel AND recipient = :recipient"
+UNSUPPRESS = text(
+    "DELETE FROM suppressions"
+    " WHERE channel = :channel AND recipient = suppression_recipient(:channel, :recipient)"
 )
-
-UNSUPPRESS = text("DELETE FROM suppressions WHERE channel = :channel AND recipient = :recipient")
 
 LIST_SUPPRESSIONS = text(
     "SELECT channel, recipient, reason, created_at FROM suppressions"
@@ -190,14 +196,14 @@ def delete_template(conn: Connection, name: str, channel: str, locale: str) -> b
     return int(conn.execute(DELETE_TEMPLATE, params).rowcount) > 0
 
 
-def suppress(conn: Connection, channel: str, recipient: str, reason: str) -> Suppression | None:
-    """Add one entry; ``None`` if it was new, else the entry that was already there."""
+def suppress(
+    conn: Connection, channel: str, recipient: str, reason: str
+) -> tuple[Suppression, bool]:
+    """Add one entry: the entry as stored (an address as it is compared), and whether it is
+    new; an entry that was there already keeps its reason and time."""
     params = {"channel": channel, "recipient": recipient, "reason": reason}
-    if conn.execute(SUPPRESS_ONE, params).first() is not None:
-        return None
-    row = conn.execute(SUPPRESSION, params).first()
-    # Deleted again between the two statements: as good as new.
-    return None if row is None else Suppression(*row)
+    *entry, new = conn.execute(SUPPRESS_ONE, params).one()
+    return Suppression(*entry), bool(new)
 
 
 def unsuppress(conn: Connection, channel: str, recipient: str) -> bool:

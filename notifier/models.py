@@ -232,6 +232,25 @@ campaign_codes = Table(
 )
 
 
+# The position ranges launches have written, one row per chunk, committed with the chunk's
+# notifications. Kept when ``notifier purge`` deletes the notifications: a launch never writes
+# a recorded position again, so a campaign sent and purged is not sent twice.
+campaign_chunks = Table(
+    "campaign_chunks",
+    metadata,
+    Column("campaign_id", BigInteger, nullable=False),
+    Column("first_position", BigInteger, nullable=False),
+    Column("last_position", BigInteger, nullable=False),
+    Column("written", BigInteger, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=_now),
+    PrimaryKeyConstraint("campaign_id", "first_position"),
+    CheckConstraint(
+        "first_position >= 1 AND last_position >= first_position",
+        name="campaign_chunks_range",
+    ),
+)
+
+
 class AttemptOutcome(StrEnum):
     """What one attempt came to. Mirrored by the ``notification_attempts_outcome`` CHECK."""
 

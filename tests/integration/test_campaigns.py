@@ -18,6 +18,7 @@ from notifier.campaigns import CampaignError, Campaigns
 from notifier.dispatch import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings
+from tests.migrations import migrate
 
 AUDIENCE = 50_000
 
@@ -183,7 +184,7 @@ def test_positions_stay_dense_across_imports_and_repeats(
 def test_upgrading_keeps_the_codes_already_given(engine: Engine) -> None:
     """Before positions, codes were given by writing the recipient on the code: those pairs
     stay, free codes fill the recipients still without one, then follow the last recipient."""
-    _migrate(engine, "0007")
+    migrate(engine, "0007")
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO campaigns (id, name, channel) VALUES (7, 'old', 'null')"))
         conn.execute(
@@ -199,7 +200,7 @@ def test_upgrading_keeps_the_codes_already_given(engine: Engine) -> None:
                 " (7, 'Q7', NULL)"
             )
         )
-    _migrate(engine, "head")
+    migrate(engine, "head")
     pairs = _all(
         engine,
         "SELECT r.recipient, k.code FROM campaign_codes k LEFT JOIN campaign_recipients r"
@@ -212,26 +213,9 @@ def test_upgrading_keeps_the_codes_already_given(engine: Engine) -> None:
         ("d@x.org", "M5"),
         (None, "Q7"),
     ]
-    _migrate(engine, "0007")
+    migrate(engine, "0007")
     given = _all(engine, "SELECT code, recipient FROM campaign_codes ORDER BY code")
     assert given == [("A1", None), ("B2", None), ("M5", None), ("Q7", None), ("Z9", None)]
-
-
-def _migrate(engine: Engine, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from notifier.cli import alembic_dir
-
-    config = Config()
-    config.set_main_option("script_location", str(alembic_dir()))
-    config.attributes["configure_logging"] = False
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        if revision == "head":
-            command.upgrade(config, revision)
-        else:
-            command.downgrade(config, revision)
 
 
 def _all(engine: Engine, sql: str) -> list[tuple[object, ...]]:

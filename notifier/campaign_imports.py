@@ -1,0 +1,129 @@
+"""All SQL of a campaign's imports: its audience (a CSV file, a query) and its codes.
+
+Like ``notifier.campaign_store``, a module that talks to the driver. A recipient is staged once
+(primary key ``(campaign_id, recipient)``), a code once (primary key ``(campaign_id, code)``);
+both get dense positions per campaign as they are imported, and recipient N is given code N.
+Imports into one campaign take turns (an advisory lock), so their positions never collide.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from typing import IO, Any
+
+from sqlalchemy import Connection, text
+
+from notifier import store
+
+LOCK_CAMPAIGN = text(
+    "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
+)
+
+# The new recipients among {source}'s rows (recipient, fields), each recipient once, numbered
+# on from the campaign's last position. Sorted once; the primary key is then filled in order.
+NEW_RECIPIENTS = """
+    INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
+    SELECT :id,
+           (SELECT coalesce(max(position), 0) FROM campaign_recipients WHERE campaign_id = :id)
+             + row_number() OVER (ORDER BY s.recipient),
+           s.recipient, s.fields
+      FROM (SELECT DISTINCT ON (recipient) recipient, fields
+              FROM ({source}) AS source ORDER BY recipient) AS s
+     WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
+                        WHERE r.campaign_id = :id AND r.recipient = s.recipient)
+"""
+
+# A CSV staged by ``import_audience``: c0 the recipient, c1... the fields ({fields} pairs them
+# with their names).
+STAGED = """
+    SELECT trim(c0) AS recipient, {fields} AS fields
+      FROM stage WHERE coalesce(trim(c0), '') <> ''
+"""
+
+# An operator's query with a ``recipient`` column; its other columns are the fields.
+QUERIED = """
+    SELECT q.recipient::text AS recipient, to_jsonb(q) - 'recipient' AS fields
+      FROM ({query}) AS q WHERE q.recipient IS NOT NULL
+"""
+
+CODES_FROM_STAGE = """
+    INSERT INTO campaign_codes (campaign_id, position, code)
+    SELECT %(campaign_id)s,
+           (SELECT coalesce(max(position), 0) FROM campaign_codes
+             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.code),
+           s.code
+      FROM (SELECT DISTINCT trim(code) AS code FROM stage
+             WHERE coalesce(trim(code), '') <> '') AS s
+     WHERE NOT EXISTS (SELECT 1 FROM campaign_codes AS k
+                        WHERE k.campaign_id = %(campaign_id)s AND k.code = s.code)
+"""
+
+
+def import_audience(
+    conn: Connection, campaign_id: int, rows: IO[str], recipient_column: str
+) -> tuple[list[str], int]:
+    """COPY a CSV audience in; its other columns become each recipient's fields.
+
+    Returns the field names and how many new recipients were staged.
+    """
+    reader = csv.reader(rows)
+    header = next(reader, None)
+    if not header:
+        raise ValueError("the audience CSV is empty; it needs a header row")
+    header = [h.strip() for h in header]
+    if recipient_column not in header:
+        raise ValueError(
+            f"the audience CSV has no {recipient_column!r} column (it has: {', '.join(header)})"
+        )
+    if len(set(header)) != len(header):
+        raise ValueError("the audience CSV repeats a column name")
+    order = [header.index(recipient_column)] + [
+        i for i, h in enumerate(header) if h != recipient_column
+    ]
+    fields = [header[i] for i in order[1:]]
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
+    raw = store.driver(conn)
+    with raw.cursor() as cur:
+        columns = ", ".join(f"c{i} text" for i in range(len(order)))
+        cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
+        with cur.copy(
+            f"COPY stage ({', '.join(f'c{i}' for i in range(len(order)))}) FROM STDIN"
+        ) as copy:
+            for record in reader:
+                if len(record) != len(header):
+                    raise ValueError(
+                        f"audience CSV line {reader.line_num} has {len(record)} values;"
+                        f" the header has {len(header)}"
+                    )
+                copy.write_row([record[i] for i in order])
+    pairs = ", ".join(f"CAST(:f{i} AS text), c{i + 1}" for i in range(len(fields)))
+    expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
+    params: dict[str, Any] = {"id": campaign_id}
+    params.update({f"f{i}": name for i, name in enumerate(fields)})
+    source = STAGED.format(fields=expression)
+    added = int(conn.execute(text(NEW_RECIPIENTS.format(source=source)), params).rowcount)
+    conn.execute(text("DROP TABLE stage"))
+    return fields, added
+
+
+def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
+    """Stage the rows of an operator's query; it must return a ``recipient`` column."""
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
+    statement = text(NEW_RECIPIENTS.format(source=QUERIED.format(query=query)))
+    return int(conn.execute(statement, {"id": campaign_id}).rowcount)
+
+
+def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
+    """COPY codes in, one per item; codes already in the pool are skipped."""
+    conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
+    raw = store.driver(conn)
+    with raw.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
+        with cur.copy("COPY stage (code) FROM STDIN") as copy:
+            for code in codes:
+                copy.write_row((code,))
+        cur.execute(CODES_FROM_STAGE.encode(), {"campaign_id": campaign_id})
+        added = cur.rowcount
+        cur.execute("DROP TABLE stage")
+    return added
