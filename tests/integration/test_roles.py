@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -273,3 +274,20 @@ def test_the_downgrade_revokes_the_grants_and_keeps_the_roles(engine: Engine) ->
     assert _one(engine, "SELECT count(*) FROM pg_roles WHERE rolname = ANY(:roles)", **roles) == 4
     command.upgrade(config, "head")
     assert _one(engine, granted, **roles) != 0
+
+
+def test_the_documented_script_makes_working_logins(engine: Engine) -> None:
+    script = (Path(__file__).resolve().parents[2] / "docs" / "roles.sql").read_text()
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE users (email text)"))
+        conn.execute(text(script))
+        members = conn.execute(
+            text(
+                "SELECT pg_has_role('billing_service', 'notifier_producer', 'MEMBER'),"
+                " pg_has_role('notifier_worker_login', 'notifier_worker', 'MEMBER'),"
+                " pg_has_role('ops_alice', 'notifier_audience', 'MEMBER'),"
+                " has_table_privilege('notifier_audience', 'users', 'SELECT')"
+            )
+        ).one()
+        conn.rollback()  # the logins belong to the cluster: leave none behind
+    assert tuple(members) == (True, True, True, True)
