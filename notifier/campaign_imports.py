@@ -12,9 +12,12 @@ import csv
 from collections.abc import Iterable
 from typing import IO, Any
 
+import psycopg
+from psycopg import sql
 from sqlalchemy import Connection, text
 
 from notifier import store
+from notifier.settings import get_settings
 
 LOCK_CAMPAIGN = text(
     "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
@@ -41,11 +44,16 @@ STAGED = """
       FROM stage WHERE coalesce(trim(c0), '') <> ''
 """
 
-# An operator's query with a ``recipient`` column; its other columns are the fields.
-QUERIED = """
-    SELECT q.recipient::text AS recipient, to_jsonb(q) - 'recipient' AS fields
-      FROM ({query}) AS q WHERE q.recipient IS NOT NULL
-"""
+#: The role an audience query runs as: it reads only what operators GRANT it (migration 0010).
+AUDIENCE_ROLE = "notifier_audience"
+
+# An operator's query with a ``recipient`` column, its other columns the fields, run by
+# ``notifier_audience_rows`` (migration 0010) as notifier_audience, which no query can leave.
+QUERIED = "COPY (SELECT recipient, fields FROM notifier_audience_rows({query})) TO STDOUT"
+
+QUERIED_STAGE = "CREATE TEMP TABLE stage (recipient text, fields jsonb) ON COMMIT DROP"
+
+STAGED_QUERY = "SELECT recipient, fields FROM stage"
 
 CODES_FROM_STAGE = """
     INSERT INTO campaign_codes (campaign_id, position, code)
@@ -107,11 +115,61 @@ def import_audience(
     return fields, added
 
 
-def audience_from_query(conn: Connection, campaign_id: int, query: str) -> int:
-    """Stage the rows of an operator's query; it must return a ``recipient`` column."""
+def audience_from_query(
+    conn: Connection, campaign_id: int, query: str, timeout_seconds: float | None = None
+) -> int:
+    """Stage the rows of an operator's query; it must return a ``recipient`` column.
+
+    The query runs on a connection of its own, closed afterwards, in a read-only transaction
+    as ``notifier_audience`` with a ``statement_timeout`` (``NOTIFIER_AUDIENCE_QUERY_TIMEOUT``
+    by default): it reads only the tables that role was granted, and nothing it sets or locks
+    outlives it. Its rows are copied into ``conn``'s transaction, which alone writes.
+    """
+    timeout = get_settings().audience_query_timeout if timeout_seconds is None else timeout_seconds
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    statement = text(NEW_RECIPIENTS.format(source=QUERIED.format(query=query)))
-    return int(conn.execute(statement, {"id": campaign_id}).rowcount)
+    raw = store.driver(conn)
+    raw.execute(QUERIED_STAGE)
+    with conn.engine.connect() as reader:
+        try:
+            source = store.driver(reader)
+            source.execute("SET TRANSACTION READ ONLY")
+            source.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(AUDIENCE_ROLE)))
+            milliseconds = str(int(timeout * 1000))
+            source.execute("SELECT set_config('statement_timeout', %s, true)", [milliseconds])
+            with (
+                source.cursor().copy(sql.SQL(QUERIED).format(query=sql.Literal(query))) as rows,
+                raw.cursor().copy("COPY stage (recipient, fields) FROM STDIN") as stage,
+            ):
+                for data in rows:
+                    stage.write(data)
+        except psycopg.Error as exc:
+            raise ValueError(_refused(exc, timeout)) from None
+        finally:
+            reader.invalidate()  # closed, not pooled: whatever the query set or locked goes with it
+    statement = text(NEW_RECIPIENTS.format(source=STAGED_QUERY))
+    added = int(conn.execute(statement, {"id": campaign_id}).rowcount)
+    conn.execute(text("DROP TABLE stage"))
+    return added
+
+
+def _refused(exc: psycopg.Error, timeout: float) -> str:
+    """One line saying why an audience query failed, and what to do about it."""
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return (
+            f"the audience query was refused ({reason}): it runs as {AUDIENCE_ROLE}, so grant"
+            f" {AUDIENCE_ROLE} SELECT on the tables your audience query reads"
+        )
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return (
+            f"the audience query ran longer than {timeout:g}s and was stopped"
+            " (NOTIFIER_AUDIENCE_QUERY_TIMEOUT)"
+        )
+    if isinstance(exc, psycopg.errors.UndefinedColumn) and "q.recipient" in reason:
+        return "the audience query must return a column named recipient"
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction | psycopg.errors.FeatureNotSupported):
+        return f"the audience query may only read ({reason}); give a single SELECT"
+    return f"the audience query failed: {reason}"
 
 
 def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:

@@ -214,6 +214,9 @@ class Settings(BaseSettings):
     retention_cancelled_days: float = Field(30.0, gt=0)
     """Days a ``cancelled`` row (and its history) is kept after it was cancelled."""
 
+    audience_query_timeout: float = Field(300.0, gt=0)
+    """Seconds an audience ``--query`` may run (its ``statement_timeout``) before it is stopped."""
+
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""
 

@@ -260,6 +260,7 @@ def test_audience_from_a_query(engine: Engine, campaigns: Campaigns) -> None:
                 " FROM generate_series(1, 100) AS i"
             )
         )
+        conn.execute(text("GRANT SELECT ON users TO notifier_audience"))
     campaigns.create("q", "null", subject="Hi {name}")
     added = campaigns.audience_from_query(
         "q", "SELECT email AS recipient, name FROM users WHERE confirmed"
