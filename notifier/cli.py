@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from notifier import campaign_cli, client, content_cli, health, logs, metrics, ops_cli, store
+from notifier.providers import load_registry
 from notifier.settings import get_settings
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -134,7 +135,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _cmd_metrics(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    metrics.serve(store.engine(), client, args.port or settings.metrics_port, args.host)
+    labels = metrics.Labels.of(load_registry())
+    metrics.serve(store.engine(), client, labels, args.port or settings.metrics_port, args.host)
     return 0
 
 
