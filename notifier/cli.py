@@ -14,7 +14,17 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import campaign_cli, client, content_cli, health, logs, metrics, ops_cli, store
+from notifier import (
+    campaign_cli,
+    client,
+    content_cli,
+    health,
+    logs,
+    metrics,
+    ops_cli,
+    store,
+    terminal,
+)
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 
@@ -111,7 +121,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             locale=args.locale,
         )
     if not result.created:
-        print(f"{result.id} (already queued with key {args.key!r}; nothing written)")
+        key = terminal.shown(repr(args.key))
+        print(f"{result.id} (already queued with key {key}; nothing written)")
     else:
         print(result.id)
     return 0
@@ -125,10 +136,10 @@ def _cmd_health(args: argparse.Namespace) -> int:
     )
     client.close()
     if args.json:
-        print(json.dumps([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks]))
+        terminal.json_line([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
     else:
         for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {c.detail}")
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {terminal.shown(c.detail)}")
     return 0 if all(c.ok for c in checks) else 1
 
 
@@ -192,9 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         logs.configure(get_settings())
-        return int(args.func(args))
+        with terminal.guarded():
+            return int(args.func(args))
     except (ValueError, OSError) as exc:
-        print(f"notifier: {exc}", file=sys.stderr)
+        print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
         return 2
 
 
