@@ -26,7 +26,7 @@ DECLINED = 3
 def add_parsers(sub: Any) -> None:
     """Add the operators' subcommands to the ``notifier`` parser's subparsers."""
     # Imported here: notifier.cli imports this module before it defines them.
-    from notifier.cli import parse_duration, parse_when
+    from notifier.cli import parse_duration, parse_when, whole_number
 
     def times(p: argparse.ArgumentParser, what: str) -> None:
         since = p.add_mutually_exclusive_group()
@@ -51,7 +51,12 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("stats", help="rows by status and channel, lag, and recent throughput")
-    p.add_argument("--minutes", type=int, default=5, help="whole minutes of throughput shown")
+    p.add_argument(
+        "--minutes",
+        type=whole_number(1, 1440),
+        default=5,
+        help="whole minutes of throughput shown (at most 1440, a day)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_logged(_stats))
 
