@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,21 +14,59 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import campaign_cli, client, content_cli, health, logs, metrics, ops_cli, store
+from notifier import (
+    campaign_cli,
+    client,
+    content_cli,
+    health,
+    logs,
+    metrics,
+    ops_cli,
+    store,
+    terminal,
+)
+from notifier.providers import load_registry
 from notifier.settings import get_settings
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.ASCII)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest duration any option takes: ten years reaches any row worth naming, and a time
+#: that far from now is still a date PostgreSQL and Python can both hold.
+MAX_DURATION = timedelta(days=3650)
+
+
+def _quoted(value: str) -> str:
+    """An argument as an error message shows it: quoted, cut short, control characters spelled."""
+    return terminal.shown(repr(value if len(value) <= 40 else value[:40] + "..."))
 
 
 def parse_duration(value: str) -> timedelta:
-    """``90s``, ``15m``, ``24h``, ``7d`` -> a timedelta."""
-    match = _DURATION.match(value.strip())
+    """``90s``, ``15m``, ``24h``, ``7d`` -> a timedelta, at most ``MAX_DURATION``."""
+    match = _DURATION.fullmatch(value.strip())
+    shown = _quoted(value)
     if not match:
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a duration: use a number and s, m, h or d (e.g. 24h)"
+            f"{shown} is not a duration: use a number and s, m, h or d (e.g. 24h)"
         )
-    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    seconds = float(match[1]) * _UNITS[match[2]]
+    if seconds > MAX_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(f"{shown} is too long: at most {MAX_DURATION.days}d")
+    return timedelta(seconds=seconds)
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+
+    def parse(value: str) -> int:
+        text = value.strip()
+        shown = _quoted(text)
+        if not re.fullmatch(r"-?\d+", text, re.ASCII):
+            raise argparse.ArgumentTypeError(f"{shown} is not a whole number")
+        if len(text) > 19 or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"{shown} is out of range: {low} to {high}")
+        return int(text)
+
+    return parse
 
 
 def parse_when(value: str) -> datetime:
@@ -110,7 +148,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             locale=args.locale,
         )
     if not result.created:
-        print(f"{result.id} (already queued with key {args.key!r}; nothing written)")
+        key = terminal.shown(repr(args.key))
+        print(f"{result.id} (already queued with key {key}; nothing written)")
     else:
         print(result.id)
     return 0
@@ -124,17 +163,18 @@ def _cmd_health(args: argparse.Namespace) -> int:
     )
     client.close()
     if args.json:
-        print(json.dumps([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks]))
+        terminal.json_line([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
     else:
         for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {c.detail}")
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {terminal.shown(c.detail)}")
     return 0 if all(c.ok for c in checks) else 1
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    metrics.serve(store.engine(), client, args.port or settings.metrics_port, args.host)
+    labels = metrics.Labels.of(load_registry())
+    metrics.serve(store.engine(), client, labels, args.port or settings.metrics_port, args.host)
     return 0
 
 
@@ -190,9 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         logs.configure(get_settings())
-        return int(args.func(args))
+        with terminal.guarded():
+            return int(args.func(args))
     except (ValueError, OSError) as exc:
-        print(f"notifier: {exc}", file=sys.stderr)
+        print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
         return 2
 
 

@@ -7,8 +7,10 @@ one object: ``ts``, ``level``, ``logger``, ``message`` and every field the calle
 ``extra=`` (the per-batch summary's ``claimed``, ``sent``, ... ``took``), plus ``exc_info``.
 
 Masking is a second line of defence, in both formats: an ``extra`` field named ``recipient`` is
-masked by ``mask_recipient``, and email addresses, URLs and E.164 numbers found anywhere in a
-message or a traceback are masked the same way.
+masked by ``mask_recipient``, and email addresses, URLs, E.164 numbers and push tokens found
+anywhere in a message or a traceback are masked the same way. In free text a push token is a
+run of token characters shaped like an FCM registration token (``instance:rest``, both parts
+long) or any such run of 64 or more with a digit in it, which no identifier, UUID or time is.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ from urllib.parse import urlsplit
 from notifier.settings import Settings
 
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-_PHONE = re.compile(r"(?<![\w+])\+[1-9]\d{7,14}\b")
+#: Any local part RFC 5322 allows, quoted or not, and unicode ones (RFC 6531); a dotted domain.
+_EMAIL = re.compile(r"(?:\"[^\"\r\n]+\"|[\w!#$%&'*+/=?^`{|}~.-]+)@[\w-]+(?:\.[\w-]+)+")
+_PHONE = re.compile(r"(?<![\w+])\+[1-9](?:[ ().-]?\d){7,14}\b")
+_TOKEN = re.compile(
+    r"(?<![\w:-])(?:[\w-]{16,}:[\w-]{32,}|(?=[\w-]*\d)[\w-]{64,})(?![\w:-])", re.ASCII
+)
 _PHONE_LIKE = re.compile(r"\+?\d[\d ().-]{6,}\d")
 #: ITU country codes of two digits; ``1`` and ``7`` are the one-digit ones, the rest have three.
 _TWO_DIGIT_CODES = frozenset(
@@ -82,10 +88,11 @@ _HIDDEN = "***"
 def mask_recipient(value: str) -> str:
     """Enough of a recipient to tell two apart in a log, not enough to reach them.
 
-    ``ann@example.com`` -> ``a***@example.com``; ``+14155550100`` -> ``+1***0100`` (country
-    code and last four digits); ``https://hooks.example.com/T0/secret`` ->
-    ``https://hooks.example.com/***``; anything else (a push token) -> its first character and
-    ``***``.
+    ``ann@example.com`` -> ``a***@example.com`` (first character and domain);
+    ``+14155550100`` -> ``+1***0100`` (country code and last four digits; the last two of a
+    short number, no country code without a ``+``); ``https://hooks.example.com/T0/secret`` ->
+    ``https://hooks.example.com/***`` (scheme and host); anything else, a push token, -> its
+    first four characters and ``***`` (its first one, if shorter than 16).
     """
     value = value.strip()
     if not value:
@@ -97,14 +104,15 @@ def mask_recipient(value: str) -> str:
         return f"{local[:1]}{_HIDDEN}@{domain}"
     if _PHONE_LIKE.fullmatch(value):
         return _mask_phone(value)
-    return f"{value[:1]}{_HIDDEN}"
+    return f"{value[: 4 if len(value) >= 16 else 1]}{_HIDDEN}"
 
 
 def scrub(text: str) -> str:
-    """``text`` with every URL, email address and E.164 number in it masked."""
+    """``text`` with every URL, email address, E.164 number and push token in it masked."""
     text = _URL.sub(lambda m: _mask_url(m[0]), text)
     text = _EMAIL.sub(lambda m: mask_recipient(m[0]), text)
-    return _PHONE.sub(lambda m: _mask_phone(m[0]), text)
+    text = _PHONE.sub(lambda m: _mask_phone(m[0]), text)
+    return _TOKEN.sub(lambda m: mask_recipient(m[0]), text)
 
 
 def _mask_url(value: str) -> str:
@@ -120,14 +128,15 @@ def _mask_phone(value: str) -> str:
     digits = re.sub(r"\D", "", value)
     if len(digits) < 8:
         return f"{value[:1]}{_HIDDEN}"
+    if not value.startswith("+") or len(digits) < 10:  # no country code to tell, or too short
+        return f"{_HIDDEN}{digits[-4 if len(digits) >= 10 else -2 :]}"
     if digits[0] in "17":
         code = digits[:1]
     elif digits[:2] in _TWO_DIGIT_CODES:
         code = digits[:2]
     else:
         code = digits[:3]
-    plus = "+" if value.startswith("+") else ""
-    return f"{plus}{code}{_HIDDEN}{digits[-4:]}"
+    return f"+{code}{_HIDDEN}{digits[-4:]}"
 
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra=``.

@@ -8,6 +8,12 @@ treats that as an ordinary counter reset.
 Key layout: ``notifier:metrics:attempts`` - a hash of ``channel|provider|outcome`` -> count;
 ``notifier:metrics:latency`` - a hash of ``channel|provider|le`` -> count per histogram bucket,
 plus ``channel|provider|sum`` and ``channel|provider|count``.
+
+Label values are bounded: producers may write any string as a row's channel, so a channel or
+provider this deployment does not serve, or an outcome not in ``OUTCOMES``, is counted as
+``other``, and the series stay as few as the installed providers. Each part of a field is
+percent-encoded, so no value can contain the ``|`` that separates them; reading decodes them
+and folds anything unknown (written by an older version, say) into ``other`` again.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import cast
+from urllib.parse import quote, unquote
 
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
@@ -26,6 +34,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from notifier import store
+from notifier.providers import Registry
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +42,56 @@ ATTEMPTS_KEY = "notifier:metrics:attempts"
 LATENCY_KEY = "notifier:metrics:latency"
 #: Upper bounds (seconds) of the send-latency histogram's buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The outcomes an attempt can have (the attempt history's CHECK constraint).
+OUTCOMES = frozenset({"sent", "retry", "deferred", "dead", "cancelled", "rescued"})
+#: The label value of every channel, provider or outcome outside the known ones.
+OTHER = "other"
 
 
-def record(client: redis.Redis, attempts: Sequence[store.Attempt]) -> None:
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """The label values this deployment may report; anything else becomes ``OTHER``."""
+
+    channels: frozenset[str]
+    providers: frozenset[str]
+
+    @classmethod
+    def of(cls, registry: Registry) -> Labels:
+        """The channels and providers of the installed providers."""
+        return cls(frozenset(p.channel for p in registry.values()), frozenset(registry))
+
+    def bound(self, channel: str, provider: str | None) -> tuple[str, str]:
+        """``(channel, provider)`` as labels; no provider means the one named like the channel."""
+        provider = provider or channel
+        return (
+            channel if channel in self.channels else OTHER,
+            provider if provider in self.providers else OTHER,
+        )
+
+    def key(self, channel: str, provider: str | None, last: str) -> str:
+        """The hash field of one series: known values only, each part encoded."""
+        return "|".join(quote(part, safe="") for part in (*self.bound(channel, provider), last))
+
+
+def record(client: redis.Redis, attempts: Sequence[store.Attempt], labels: Labels) -> None:
     """Count one batch's attempts, by channel, provider and outcome."""
     if not attempts:
         return
-    counts = Counter(f"{a.channel}|{a.provider or a.channel}|{a.outcome}" for a in attempts)
+    counts = Counter(
+        labels.key(a.channel, a.provider, a.outcome if a.outcome in OUTCOMES else OTHER)
+        for a in attempts
+    )
     latency: Counter[str] = Counter()
     sums: dict[str, float] = defaultdict(float)
     for a in attempts:
         if a.duration_ms is None:
             continue
-        label = f"{a.channel}|{a.provider or a.channel}"
         seconds = a.duration_ms / 1000
         index = bisect.bisect_left(BUCKETS, seconds)
-        latency[f"{label}|{BUCKETS[index] if index < len(BUCKETS) else '+Inf'}"] += 1
-        latency[f"{label}|count"] += 1
-        sums[f"{label}|sum"] += seconds
+        bucket = str(BUCKETS[index]) if index < len(BUCKETS) else "+Inf"
+        latency[labels.key(a.channel, a.provider, bucket)] += 1
+        latency[labels.key(a.channel, a.provider, "count")] += 1
+        sums[labels.key(a.channel, a.provider, "sum")] += seconds
     pipe = client.pipeline(transaction=False)
     for field, n in counts.items():
         pipe.hincrby(ATTEMPTS_KEY, field, n)
@@ -64,9 +105,10 @@ def record(client: redis.Redis, attempts: Sequence[store.Attempt]) -> None:
 class NotifierCollector(Collector):
     """Reads the counters from Redis and the queue's gauges from PostgreSQL at each scrape."""
 
-    def __init__(self, engine: Engine, client: redis.Redis) -> None:
+    def __init__(self, engine: Engine, client: redis.Redis, labels: Labels) -> None:
         self.engine = engine
         self.client = client
+        self.labels = labels
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         yield from self._counters()
@@ -74,33 +116,50 @@ class NotifierCollector(Collector):
 
     def _counters(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
         try:
-            attempts = _decode(self.client.hgetall(ATTEMPTS_KEY))
-            latency = _decode(self.client.hgetall(LATENCY_KEY))
+            raw_attempts = _decode(self.client.hgetall(ATTEMPTS_KEY))
+            raw_latency = _decode(self.client.hgetall(LATENCY_KEY))
         except redis.RedisError as exc:
             log.warning("metrics: Redis unreachable (%s); counters left out", exc)
             return
+        attempts: dict[tuple[str, str, str], float] = defaultdict(float)
+        for (channel, provider, outcome), value in self._series(raw_attempts):
+            attempts[channel, provider, outcome if outcome in OUTCOMES else OTHER] += value
         family = CounterMetricFamily(
             "notifier_attempts",
             "Attempts by channel, provider and outcome (sent, retry, deferred, dead, cancelled).",
             labels=["channel", "provider", "outcome"],
         )
-        for field, value in sorted(attempts.items()):
-            family.add_metric(field.split("|", 2), float(value))
+        for series, value in sorted(attempts.items()):
+            family.add_metric(list(series), value)
         yield family
+        latency: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for (channel, provider, part), value in self._series(raw_latency):
+            latency[channel, provider][part] += value
         histogram = HistogramMetricFamily(
             "notifier_send_duration_seconds",
             "Time a provider took to answer one send.",
             labels=["channel", "provider"],
         )
-        for label in sorted({f.rsplit("|", 1)[0] for f in latency}):
+        for pair, parts in sorted(latency.items()):
             running, buckets = 0.0, []
             for bound in (*BUCKETS, "+Inf"):
-                running += float(latency.get(f"{label}|{bound}", 0))
+                running += parts.get(str(bound), 0.0)
                 buckets.append((str(bound), running))
-            histogram.add_metric(
-                label.split("|", 1), buckets, sum_value=float(latency.get(f"{label}|sum", 0))
-            )
+            histogram.add_metric(list(pair), buckets, sum_value=parts.get("sum", 0.0))
         yield histogram
+
+    def _series(self, fields: dict[str, str]) -> Iterator[tuple[tuple[str, str, str], float]]:
+        """Each well-formed ``channel|provider|last`` field, decoded and bounded, and its value."""
+        for field, value in fields.items():
+            parts = [unquote(p) for p in field.split("|")]
+            if len(parts) != 3:  # not written by ``record``: skipped rather than mislabelled
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            channel, provider = self.labels.bound(parts[0], parts[1])
+            yield (channel, provider, parts[2]), number
 
     def _gauges(self) -> Iterable[GaugeMetricFamily]:
         try:
@@ -123,10 +182,16 @@ def _decode(raw: object) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in items.items()}
 
 
-def serve(engine: Engine, client: redis.Redis, port: int, host: str = "0.0.0.0") -> None:  # noqa: S104
+def serve(
+    engine: Engine,
+    client: redis.Redis,
+    labels: Labels,
+    port: int,
+    host: str = "0.0.0.0",  # noqa: S104
+) -> None:
     """Serve ``/metrics`` on ``port`` until the process is stopped."""
     registry = CollectorRegistry()
-    registry.register(NotifierCollector(engine, client))
+    registry.register(NotifierCollector(engine, client, labels))
     start_http_server(port, addr=host, registry=registry)
     log.info("serving metrics on %s:%d", host, port)
     while True:

@@ -11,13 +11,12 @@ they ask on stdin, unless ``--yes``. ``--dry-run`` only counts.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notifier import client, logs, ops, store
+from notifier import client, logs, ops, store, terminal
 from notifier.models import Status
 from notifier.settings import get_settings
 
@@ -27,7 +26,7 @@ DECLINED = 3
 def add_parsers(sub: Any) -> None:
     """Add the operators' subcommands to the ``notifier`` parser's subparsers."""
     # Imported here: notifier.cli imports this module before it defines them.
-    from notifier.cli import parse_duration, parse_when
+    from notifier.cli import parse_duration, parse_when, whole_number
 
     def times(p: argparse.ArgumentParser, what: str) -> None:
         since = p.add_mutually_exclusive_group()
@@ -52,7 +51,12 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("stats", help="rows by status and channel, lag, and recent throughput")
-    p.add_argument("--minutes", type=int, default=5, help="whole minutes of throughput shown")
+    p.add_argument(
+        "--minutes",
+        type=whole_number(1, 1440),
+        default=5,
+        help="whole minutes of throughput shown (at most 1440, a day)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_logged(_stats))
 
@@ -125,7 +129,7 @@ def _stats(args: argparse.Namespace) -> int:
     stats = ops.stats(store.engine(), args.minutes)
     q = stats.queue
     if args.json:
-        _json(
+        terminal.json_line(
             {
                 "by_status_channel": [
                     {"status": s, "channel": c, "count": n} for s, c, n in q.by_status_channel
@@ -146,9 +150,9 @@ def _stats(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    _table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel])
+    terminal.table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel])
     print(f"\ndue now: {q.due}   lag (oldest due row waiting): {q.lag_seconds:.1f}s\n")
-    _table(
+    terminal.table(
         ["MINUTE (UTC)", "SENT", "RETRY", "DEAD"],
         [
             (
@@ -172,21 +176,21 @@ def _show(args: argparse.Namespace) -> int:
         print(f"no notification {args.id}", file=sys.stderr)
         return 1
     if args.json:
-        _json({"notification": story.row, "attempts": story.attempts})
+        terminal.json_line({"notification": story.row, "attempts": story.attempts})
         return 0
     width = max(len(k) for k in story.row)
     print(f"notification {story.row['id']}")
     for key, value in story.row.items():
         if key != "id" and value is not None:
-            print(f"  {key:<{width}}  {_text(value)}")
+            print(f"  {key:<{width}}  {terminal.shown(value)}")
     print(f"\nattempts ({len(story.attempts)})")
     if story.attempts:
-        _table(
+        terminal.table(
             ["#", "AT", "WORKER", "CHANNEL", "OUTCOME", "TOOK", "ERROR"],
             [
                 (
                     a["attempt"],
-                    _text(a["at"]),
+                    terminal.shown(a["at"]),
                     a["worker"],
                     a["channel"],
                     a["outcome"],
@@ -268,7 +272,7 @@ def _cancel_one(args: argparse.Namespace) -> int:
             what = f"notification {args.id}"
         else:
             done = client.cancel(conn, args.key, reason)
-            what = f"the notification with key {args.key!r}"
+            what = f"the notification with key {terminal.shown(repr(args.key))}"
     if not done:
         print(f"{what} was not waiting to be sent (no such row, or already finished)")
         return 1
@@ -315,7 +319,7 @@ def _bulk(
         if change.left:
             message += f"; {change.left} were held by a worker each time: run it again"
     if args.json:
-        _json(result)
+        terminal.json_line(result)
     else:
         print(message)
     return status
@@ -351,7 +355,7 @@ def _purge(args: argparse.Namespace) -> int:
         progress=_progress("deleted") if sys.stderr.isatty() and not args.json else None,
     )
     if args.json:
-        _json(
+        terminal.json_line(
             {
                 "dry_run": report.dry_run,
                 "deleted": report.deleted,
@@ -362,7 +366,7 @@ def _purge(args: argparse.Namespace) -> int:
         return 0
     if sys.stderr.isatty() and not report.dry_run:
         print(file=sys.stderr)
-    _table(
+    terminal.table(
         ["STATUS", "FINISHED BEFORE", "WOULD DELETE" if report.dry_run else "DELETED"],
         [
             (s, report.before[s].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC"), n)
@@ -371,37 +375,3 @@ def _purge(args: argparse.Namespace) -> int:
         + [("(attempts)", "", report.attempts)],
     )
     return 0
-
-
-# --- output ---------------------------------------------------------------------------------------
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> None:
-    """Left-aligned text columns, right-aligned numbers."""
-    cells = [list(header)] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    numeric = [bool(rows) and all(isinstance(r[i], int) for r in rows) for i in range(len(header))]
-    for r in cells:
-        line = "  ".join(
-            c.rjust(w) if numeric[i] else c.ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        print(indent + line.rstrip())
-
-
-def _text(value: object) -> str:
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat(sep=" ", timespec="milliseconds")
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
-def _json(data: object) -> None:
-    print(json.dumps(data, default=_jsonable, ensure_ascii=False))
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)

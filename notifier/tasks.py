@@ -69,9 +69,14 @@ def _dispatcher() -> Dispatcher:
 
 def _count(attempts: list[store.Attempt]) -> None:
     try:
-        metrics.record(_redis(), attempts)
+        metrics.record(_redis(), attempts, _labels())
     except redis.RedisError as exc:  # metrics are worth less than the sends they describe
         log.warning("could not update metrics: %s", exc)
+
+
+@lru_cache(maxsize=1)
+def _labels() -> metrics.Labels:
+    return metrics.Labels.of(_dispatcher().registry)
 
 
 def _redis_gate() -> None:

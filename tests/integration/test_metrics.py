@@ -12,7 +12,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from notifier import metrics
+from notifier import metrics, store
 from notifier.dispatch import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings
@@ -32,6 +32,20 @@ def _samples(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return found
 
 
+def _scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
+    port = _free_port()
+    threading.Thread(
+        target=metrics.serve, args=(engine, client, labels, port, "127.0.0.1"), daemon=True
+    ).start()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the metrics endpoint never came up"
+            time.sleep(0.1)
+
+
 @pytest.mark.timeout(60)
 def test_counts_gauges_and_latency_after_known_outcomes(
     engine: Engine, settings: Settings, redis_url: str
@@ -46,11 +60,13 @@ def test_counts_gauges_and_latency_after_known_outcomes(
                 " ('null', 'waiting', now() - interval '90 seconds')"
             )
         )
+    registry = load_registry()
+    labels = metrics.Labels.of(registry)
     dispatcher = Dispatcher(
         engine,
-        load_registry(),
+        registry,
         settings.model_copy(update={"batch_size": 4}),
-        observe=lambda attempts: metrics.record(client, attempts),
+        observe=lambda attempts: metrics.record(client, attempts, labels),
     )
     assert dispatcher.run_once().claimed == 4  # every due row: three sent, the pigeon dead
     dispatcher.close()
@@ -62,18 +78,7 @@ def test_counts_gauges_and_latency_after_known_outcomes(
             )
         )
 
-    port = _free_port()
-    threading.Thread(
-        target=metrics.serve, args=(engine, client, port, "127.0.0.1"), daemon=True
-    ).start()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-            break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "the metrics endpoint never came up"
-            time.sleep(0.1)
+    body = _scrape(engine, client, labels)
     client.close()
 
     found = _samples(body)
@@ -83,7 +88,7 @@ def test_counts_gauges_and_latency_after_known_outcomes(
         return found[("notifier_attempts_total", labels)]
 
     assert attempts("null", "sent") == 3
-    assert attempts("pigeon", "dead") == 1
+    assert attempts("other", "dead") == 1  # a channel nobody serves: no series of its own
     assert found[("notifier_processing", ())] == 1
     assert found[("notifier_due", ())] == 0
     assert found[("notifier_dead_last_hour", ())] == 1
@@ -94,3 +99,56 @@ def test_counts_gauges_and_latency_after_known_outcomes(
         (("channel", "null"), ("le", "+Inf"), ("provider", "null")),
     )
     assert found[inf] == 3
+
+
+HOSTILE = ["a|b|c", "null|null|sent", "x\ny", 'q"uote', "back\\slash", "%7C", "", " null"]
+
+
+@pytest.mark.timeout(60)
+def test_hostile_channel_names_count_under_other_and_never_corrupt_labels(
+    engine: Engine, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    labels = metrics.Labels(frozenset({"null", "email"}), frozenset({"null", "email"}))
+    names = HOSTILE + [f"spam-{i}" for i in range(10_000)]
+    attempts = [store.Attempt(i, 1, name, "dead", "no provider", 3) for i, name in enumerate(names)]
+    attempts.append(store.Attempt(0, 1, "null", "sent", None, 3))
+    attempts.append(store.Attempt(0, 1, "null", "sent|x", None, 3))  # an unknown outcome
+    attempts.append(store.Attempt(0, 1, "email", "sent", None, 3, provider="a|b"))
+    metrics.record(client, attempts, labels)
+
+    assert client.hlen(metrics.ATTEMPTS_KEY) == 4  # bounded in Redis, not only on the page
+    body = _scrape(engine, client, labels)
+    client.close()
+    series = {
+        key: value for key, value in _samples(body).items() if key[0] == "notifier_attempts_total"
+    }
+    assert series == {
+        ("notifier_attempts_total", _labels("other", "other", "dead")): len(names),
+        ("notifier_attempts_total", _labels("null", "null", "sent")): 1,
+        ("notifier_attempts_total", _labels("null", "null", "other")): 1,
+        ("notifier_attempts_total", _labels("email", "other", "sent")): 1,
+    }
+    durations = {k for k in _samples(body) if k[0] == "notifier_send_duration_seconds_count"}
+    assert {dict(k[1])["channel"] for k in durations} == {"other", "null", "email"}
+
+
+@pytest.mark.timeout(60)
+def test_fields_written_before_bounding_are_folded_into_other(
+    engine: Engine, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.hset(
+        metrics.ATTEMPTS_KEY,
+        mapping={"pig|eon|pig|dead": 5, "pigeon|pigeon|dead": 2, "null|null|sent": 1, "x": 9},
+    )
+    labels = metrics.Labels(frozenset({"null"}), frozenset({"null"}))
+    found = _samples(_scrape(engine, client, labels))
+    client.close()
+    assert found[("notifier_attempts_total", _labels("other", "other", "dead"))] == 2
+    assert found[("notifier_attempts_total", _labels("null", "null", "sent"))] == 1
+    assert not [k for k in found if k[0] == "notifier_attempts_total" and len(k[1]) != 3]
+
+
+def _labels(channel: str, provider: str, outcome: str) -> tuple[tuple[str, str], ...]:
+    return (("channel", channel), ("outcome", outcome), ("provider", provider))

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+import string
 import sys
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from notifier import logs
 from notifier.settings import Settings
@@ -24,7 +27,11 @@ from notifier.settings import Settings
         ("+353861234567", "+353***4567"),
         ("https://hooks.example.com/T0/B1/secret?token=x", "https://hooks.example.com/***"),
         ("https://user:pw@hooks.example.com:8443/x", "https://hooks.example.com/***"),
-        ("fcm-token-abc123:APA91b", "f***"),
+        ("fcm-token-abc123:APA91b", "fcm-***"),
+        ("short-token", "s***"),
+        ("4155550100", "***0100"),
+        ("+353861234", "***34"),
+        ("+3538612", "+***"),
         ("", ""),
     ],
 )
@@ -41,6 +48,52 @@ def test_scrub_masks_recipients_inside_free_text() -> None:
         "send to a***@example.com failed; POST https://hooks.example.com/*** refused;"
         " sms +1***0100 queued at 2026-11-30T10:00:00+00:00 (id 12345678)"
     )
+
+
+def test_scrub_masks_what_the_narrow_patterns_missed() -> None:
+    token = "cXk3bE9tRkZ1QmF6:APA91bH" + "x7" * 60
+    text = (
+        f'o\'brien@example.com jörg.müller@example.de "john doe"@example.com'
+        f" +1 415 555 0100 token={token} claim 5f0c7e0e-8a1b-4c7e-9d3f-2a6b1c0d9e8f"
+    )
+    assert logs.scrub(text) == (
+        'o***@example.com j***@example.de "***@example.com'
+        " +1***0100 token=cXk3*** claim 5f0c7e0e-8a1b-4c7e-9d3f-2a6b1c0d9e8f"
+    )
+
+
+_LOCAL = st.text(st.sampled_from(string.ascii_letters + string.digits + "!#$%&'*+/=?^_`{|}~.-ö"))
+_TOKEN = st.text(st.sampled_from(string.ascii_letters + string.digits + "_-"), min_size=16)
+
+
+@given(_LOCAL.filter(lambda s: len(s) >= 3), st.sampled_from(["example.com", "mail.example.de"]))
+def test_no_email_local_part_survives_masking(local: str, domain: str) -> None:
+    address = f"{local}@{domain}"
+    assert local not in logs.mask_recipient(address).removesuffix(f"@{domain}")
+    assert f"{local}@" not in logs.scrub(f"bounce from {address}: mailbox full")
+
+
+@given(st.from_regex(r"\A\+?[1-9][0-9]{7,14}\Z"))
+def test_no_phone_number_survives_masking(number: str) -> None:
+    digits = number.lstrip("+")
+    assert digits not in logs.mask_recipient(number)
+    if number.startswith("+"):  # in free text, bare digits are ids and counts as often
+        assert digits not in logs.scrub(f"sms to {number} refused")
+
+
+@given(_TOKEN, _TOKEN.filter(lambda s: len(s) >= 32))
+def test_no_push_token_survives_masking(instance: str, rest: str) -> None:
+    token = f"{instance}:{rest}"
+    for masked in (logs.mask_recipient(token), logs.scrub(f"FCM said {token} is unregistered")):
+        assert token not in masked
+        assert rest not in masked
+
+
+@given(st.sampled_from(["hooks.example.com", "10.0.0.1"]), _TOKEN)
+def test_no_webhook_path_survives_masking(host: str, secret: str) -> None:
+    url = f"https://{host}/hooks/{secret}?sig={secret}"
+    assert logs.mask_recipient(url) == f"https://{host}/***"
+    assert secret not in logs.scrub(f"POST {url} timed out")
 
 
 def _record(msg: str, *args: object, **extra: object) -> logging.LogRecord:

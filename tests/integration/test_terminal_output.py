@@ -1,0 +1,87 @@
+"""Row text printed by the real ``notifier`` command cannot drive the operator's terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import Engine, text
+
+from notifier import terminal
+
+HOSTILE = "a\x1b[2Jb\x1b]0;title\x07c\rd\u202ee\x9bf\x7f"
+#: What a terminal would act on; a newline only ends the command's own lines.
+ACTED_ON = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _notifier(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "notifier.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def row(engine: Engine) -> int:
+    with engine.begin() as conn:
+        row_id = int(
+            conn.execute(
+                text(
+                    "INSERT INTO notifications (channel, recipient, subject, body, dedupe_key,"
+                    " status, attempts, last_error, payload)"
+                    " VALUES (:v, :v, :v, :v, :v, 'dead', 1, :v, CAST(:payload AS jsonb))"
+                    " RETURNING id"
+                ),
+                {"v": HOSTILE, "payload": json.dumps({"k": HOSTILE})},
+            ).scalar_one()
+        )
+        conn.execute(
+            text(
+                "INSERT INTO notification_attempts"
+                " (notification_id, attempt, worker, channel, outcome, error)"
+                " VALUES (:id, 1, :v, :v, 'dead', :v)"
+            ),
+            {"id": row_id, "v": HOSTILE},
+        )
+    return row_id
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("json_output", [False, True], ids=["table", "json"])
+def test_show_and_stats_spell_out_escape_sequences(row: int, json_output: bool) -> None:
+    extra = ["--json"] if json_output else []
+    for argv in (["show", str(row), *extra], ["stats", *extra]):
+        done = _notifier(*argv)
+        assert done.returncode == 0, done.stderr
+        assert not ACTED_ON.findall(done.stdout), argv
+        if json_output:
+            assert HOSTILE in _strings(json.loads(done.stdout))  # the data itself is intact
+        else:
+            assert "a\\x1b[2Jb\\x1b]0;title\\x07c\\rd\\u202ee\\x9bf\\x7f" in done.stdout
+    shown = _notifier("show", str(row)).stdout
+    for field in ("recipient", "subject", "body", "last_error", "dedupe_key"):
+        assert re.search(rf"^  {field} +a\\x1b\[2J", shown, re.MULTILINE), field
+
+
+def _strings(data: object) -> list[str]:
+    if isinstance(data, dict):
+        return [s for v in data.values() for s in _strings(v)]
+    if isinstance(data, list):
+        return [s for v in data for s in _strings(v)]
+    return [data] if isinstance(data, str) else []
+
+
+def test_text_printed_any_other_way_keeps_its_lines_but_not_its_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with terminal.guarded():
+        print(f"campaign {HOSTILE}\n\tnext")
+    assert capsys.readouterr().out == (
+        "campaign a\\x1b[2Jb\\x1b]0;title\\x07c\\rd\\u202ee\\x9bf\\x7f\n\tnext\n"
+    )
