@@ -14,16 +14,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from sqlalchemy import Engine, text
 
 from notifier import content_store
 from notifier.dispatch import Dispatcher
 from notifier.providers import registry_of
-from notifier.providers.base import Sent
+from notifier.providers.base import InvalidNotification, Sent
 from notifier.providers.email import EmailProvider
-from notifier.settings import Settings
+from notifier.settings import Settings as NotifierSettings
 from tests.integration.test_email_provider import note
 from tests.smtp_sink import Received, SmtpSink
+from tests.unit.test_email_message import carryable, values
 
 ATTACK = "=?utf-8?q?Hi=0D=0ABcc:_eve@evil.example?="
 #: the same attack hidden behind text, and folded over several encoded words
@@ -80,7 +82,7 @@ def test_an_encoded_word_in_a_payload_header_adds_no_header(
         assert str(header) == expect[0]
 
 
-def send_templated(engine: Engine, settings: Settings, name: str) -> tuple[str, str | None]:
+def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tuple[str, str | None]:
     """Render ``Welcome, {{ name }}`` into a row's subject and dispatch it; its status, error."""
     with engine.begin() as conn:
         content_store.upsert_template(
@@ -104,7 +106,7 @@ def send_templated(engine: Engine, settings: Settings, name: str) -> tuple[str, 
 
 
 def test_an_encoded_word_from_a_template_variable_adds_no_header(
-    engine: Engine, settings: Settings, smtp_sink: SmtpSink
+    engine: Engine, settings: NotifierSettings, smtp_sink: SmtpSink
 ) -> None:
     assert send_templated(engine, settings, ATTACK) == ("sent", None)
 
@@ -119,7 +121,7 @@ def test_an_encoded_word_from_a_template_variable_adds_no_header(
     [("U+2028 LINE SEPARATOR", "\u2028"), ("U+000D CARRIAGE RETURN", "\r")],
 )
 def test_a_template_that_renders_a_separator_into_the_subject_makes_the_row_dead(
-    engine: Engine, settings: Settings, smtp_sink: SmtpSink, name: str, separator: str
+    engine: Engine, settings: NotifierSettings, smtp_sink: SmtpSink, name: str, separator: str
 ) -> None:
     status, error = send_templated(engine, settings, f"Ann{separator}Bcc: eve@evil.example")
 
@@ -127,3 +129,23 @@ def test_a_template_that_renders_a_separator_into_the_subject_makes_the_row_dead
     assert error is not None
     assert error.startswith(f"invalid notification: subject contains {name} at position 12;")
     assert smtp_sink.messages == []
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(subject=values, value=values)
+def test_whatever_the_text_the_sink_gets_the_intended_headers_or_nothing(
+    smtp_sink: SmtpSink, provider: EmailProvider, subject: str, value: str
+) -> None:
+    smtp_sink.messages.clear()
+    row = note(id=5, subject=subject, payload={"headers": {"X-Note": value}})
+    if not (carryable(subject) and carryable(value)):
+        with pytest.raises(InvalidNotification):
+            provider.validate(row)
+        return
+
+    assert provider.send(row) == Sent("<notification-5@localhost>")
+    [received] = smtp_sink.messages
+    assert header_names(received) == [*BASE[:5], "X-Note", *BASE[5:]]
+    assert (str(received.message["Subject"]), str(received.message["X-Note"])) == (subject, value)
