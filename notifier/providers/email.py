@@ -17,22 +17,25 @@ import smtplib
 import socket
 import ssl
 import threading
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
 from email.utils import formatdate, parseaddr
 from typing import Any, ClassVar
 
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.providers.email_message import (
+    ADDRESS,
+    build,
+    check_sender,
+    check_text,
+    parse_mailbox,
+)
 from notifier.settings import SmtpTls, get_settings
 
-# CRLF line ends for the wire; 7bit so that any server takes the body, 8BITMIME or not.
-_POLICY = SMTP_POLICY.clone(cte_type="7bit")
-
-# A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
-_ADDRESS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
-_HEADER_NAME = re.compile(r"[!-9;-~]+")  # RFC 5322 field-name: printable ASCII except ':'
+_ADDRESS = re.compile(ADDRESS)
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
 _RESERVED = frozenset({"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version"})
+# Structured headers other than Reply-To: they would change who sent the message, or when.
+_STRUCTURED = frozenset({"sender", "orig-date"})
 # RFC 3463 enhanced status code at the start of a reply's text, e.g. "5.1.1".
 _ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.(\d{1,3})(?!\d)")
 # Basic RCPT replies that mean the mailbox is unusable when no enhanced code says otherwise:
@@ -60,6 +63,10 @@ class EmailProvider:
         self._local_hostname = socket.getfqdn()
         self._idle: list[smtplib.SMTP] = []
         self._lock = threading.Lock()
+        try:  # a sender every message would be refused for is the deployment's to fix, now
+            check_sender(s.email_from, self._domain)
+        except InvalidNotification as exc:
+            raise ValueError(f"NOTIFIER_EMAIL_FROM {s.email_from!r} is unusable: {exc}") from None
 
     # -- Provider --------------------------------------------------------------------------------
 
@@ -82,8 +89,7 @@ class EmailProvider:
                 "(give an internationalised domain in punycode)"
             )
         if subject is not None:
-            if "\r" in subject or "\n" in subject:
-                raise InvalidNotification("subject contains a line break; keep it on one line")
+            check_text("subject", subject)
             if len(subject) > 998:
                 raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
         html = notification.payload.get("html")
@@ -94,9 +100,11 @@ class EmailProvider:
         _check_headers(notification.payload.get("headers"))
 
     def send(self, notification: Notification) -> Outcome:
-        message = self._compose(notification)
-        message_id = str(message["Message-ID"])
-        content = message.as_bytes()
+        message_id = f"<notification-{notification.id}@{self._domain}>"
+        try:
+            content = self._compose(notification, message_id)
+        except InvalidNotification as exc:
+            return Permanent(truncate(f"invalid notification: {exc}"))
         try:
             conn, code, reply = self._begin()
         except (smtplib.SMTPException, OSError) as exc:
@@ -212,20 +220,20 @@ class EmailProvider:
 
     # -- messages and answers --------------------------------------------------------------------
 
-    def _compose(self, n: Notification) -> EmailMessage:
-        message = EmailMessage(policy=_POLICY)
-        message["From"] = self._settings.email_from
-        message["To"] = n.recipient
-        message["Subject"] = n.subject or ""
-        message["Date"] = formatdate(usegmt=True)
-        message["Message-ID"] = f"<notification-{n.id}@{self._domain}>"
-        for name, value in (n.payload.get("headers") or {}).items():
-            message[name] = value
-        message.set_content(n.body or "")
-        html = n.payload.get("html")
-        if html is not None:
-            message.add_alternative(html, subtype="html")
-        return message
+    def _compose(self, n: Notification, message_id: str) -> bytes:
+        headers = dict(n.payload.get("headers") or {})
+        reply_to = next((k for k in headers if k.lower() == "reply-to"), None)
+        return build(
+            sender=self._settings.email_from,
+            recipient=n.recipient,
+            subject=n.subject or "",
+            date=formatdate(usegmt=True),
+            message_id=message_id,
+            headers=headers,
+            reply_to=None if reply_to is None else parse_mailbox(reply_to, headers.pop(reply_to)),
+            body=n.body or "",
+            html=n.payload.get("html"),
+        )
 
     def _trouble(self, exc: BaseException) -> Retry:
         """Name the server and what went wrong with it, so the operator knows where to look."""
@@ -261,8 +269,8 @@ def _check_headers(headers: Any) -> None:
     for name, value in headers.items():
         if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
             raise InvalidNotification(
-                f"payload.headers has an invalid header name {name!r}; use printable ASCII "
-                "without spaces or ':', e.g. 'X-Campaign'"
+                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
+                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
             )
         lowered = name.lower()
         if lowered in _RESERVED or lowered.startswith("content-"):
@@ -270,14 +278,19 @@ def _check_headers(headers: Any) -> None:
                 f"payload.headers may not set {name!r}; notifier writes it "
                 "(use recipient, subject, body and payload.html instead)"
             )
+        if lowered in _STRUCTURED or lowered.startswith("resent-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; of the address and date headers a row "
+                "may set Reply-To only"
+            )
         if not isinstance(value, str):
             raise InvalidNotification(
                 f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
             )
-        if "\r" in value or "\n" in value:
-            raise InvalidNotification(
-                f"payload.headers[{name!r}] must be a one-line string; it contains a line break"
-            )
+        field = f"payload.headers[{name!r}]"
+        check_text(field, value)
+        if lowered == "reply-to":
+            parse_mailbox(field, value)
 
 
 def _json_type(value: object) -> str:

@@ -58,6 +58,10 @@ def provider(smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch) -> Iterator[E
     p.close()
 
 
+def with_header(name: str, value: str) -> dict[str, Any]:
+    return {"payload": {"headers": {name: value}}}
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -383,8 +387,28 @@ def test_concurrent_sends_each_arrive_exactly_once(
         ),
         pytest.param(
             {"subject": "Hi\nBcc: eve@example.com"},
-            "subject contains a line break",
+            "subject contains U\\+000A LINE FEED at position 2; headers cannot carry line or",
             id="subject-injection",
+        ),
+        *(
+            pytest.param(
+                {"subject": f"Hi{char}Bcc: eve@example.com"},
+                f"subject contains U\\+{ord(char):04X} {name} at position 2; {why}",
+                id=f"subject-U+{ord(char):04X}",
+            )
+            for char, name, why in [
+                ("\r", "CARRIAGE RETURN", "headers cannot carry line or paragraph separators"),
+                ("\x0b", "LINE TABULATION", "headers cannot carry line or paragraph separators"),
+                ("\x0c", "FORM FEED", "headers cannot carry line or paragraph separators"),
+                ("\x85", "NEXT LINE", "headers cannot carry line or paragraph separators"),
+                ("\u2028", "LINE SEPARATOR", "headers cannot carry line or paragraph separators"),
+                ("\u2029", "PARAGRAPH SEPARATOR", "headers cannot carry line or paragraph sep"),
+                ("\x00", "NULL", "headers cannot carry control characters"),
+                ("\x1b", "ESCAPE", "headers cannot carry control characters"),
+                ("\x7f", "DELETE", "headers cannot carry control characters"),
+                ("\x9b", "CONTROL", "headers cannot carry control characters"),
+                ("\ud800", "SURROGATE", "a lone surrogate is not text"),
+            ]
         ),
         pytest.param({"subject": "x" * 999}, "subject is 999 characters", id="subject-too-long"),
         pytest.param({"payload": {"html": 42}}, "payload.html must be a string", id="html-int"),
@@ -404,8 +428,44 @@ def test_concurrent_sends_each_arrive_exactly_once(
         ),
         pytest.param(
             {"payload": {"headers": {"X-A": "b\r\nBcc: eve@example.com"}}},
-            "must be a one-line string",
+            r"payload.headers\['X-A'\] contains U\+000D CARRIAGE RETURN at position 1",
             id="header-value-injection",
+        ),
+        *(
+            pytest.param(with_header(name, value), message, id=id)
+            for id, name, value, message in [
+                (
+                    "header-value-line-separator",
+                    "X-A",
+                    "b\u2028Bcc: eve@example.com",
+                    r"payload.headers\['X-A'\] contains U\+2028 LINE SEPARATOR at position 1",
+                ),
+                ("header-name-too-long", "X-" + "a" * 63, "b", "use up to 64 printable ASCII"),
+                (
+                    "reply-to-not-an-address",
+                    "Reply-To",
+                    "help at shop",
+                    r"payload.headers\['Reply-To'\] 'help at shop' is not one address",
+                ),
+                (
+                    "reply-to-two-addresses",
+                    "Reply-To",
+                    "a@shop.example, b@shop.example",
+                    "is not one address",
+                ),
+                (
+                    "reply-to-long-display-name",
+                    "Reply-To",
+                    "Ünïcödé Sérvïcé Dèsk, Ëürøpé Nörth <h@x.example>",
+                    "has a display name of 47 bytes in UTF-8; at most 42 unless",
+                ),
+                (
+                    "reply-to-display-name-separator",
+                    "Reply-To",
+                    "Help\u2028Bcc: e@x.example <h@shop.example>",
+                    r"payload.headers\['Reply-To'\] contains U\+2028 LINE SEPARATOR at position 4",
+                ),
+            ]
         ),
         *(
             pytest.param(
@@ -422,6 +482,14 @@ def test_concurrent_sends_each_arrive_exactly_once(
                 "Content-Type",
                 "MIME-Version",
             ]
+        ),
+        *(
+            pytest.param(
+                with_header(name, "x"),
+                "of the address and date headers a row may set Reply-To only",
+                id=f"structured-{name}",
+            )
+            for name in ["Sender", "Resent-To", "resent-from", "Orig-Date"]
         ),
     ],
 )
@@ -443,6 +511,10 @@ def test_validate_refuses_with_a_helpful_message(
         pytest.param({"payload": {"html": None, "headers": None}}, id="nulls"),
         pytest.param({"payload": {"headers": {"List-Unsubscribe": "<mailto:u@x.io>"}}}, id="hdr"),
         pytest.param({"subject": "x" * 998}, id="longest-subject"),
+        pytest.param({"subject": "Hi\tthere ✓ =?utf-8?q?x?="}, id="tab-and-encoded-word-shape"),
+        pytest.param(
+            with_header("Reply-To", '"Help, Desk" <help@shop.example>'), id="reply-to-display-name"
+        ),
     ],
 )
 def test_validate_accepts(provider: EmailProvider, changes: dict[str, Any]) -> None:

@@ -77,7 +77,8 @@ def hostile_rows(port: int) -> list[tuple[str, dict[str, Any], str]]:
         (
             "subject with CR/LF",
             email(subject="Hi\r\nBcc: x@example.com"),
-            invalid + "subject contains a line break; keep it on one line",
+            invalid + "subject contains U+000D CARRIAGE RETURN at position 2; headers cannot "
+            "carry line or paragraph separators; keep it on one line",
         ),
         (
             "header set by payload",
@@ -88,8 +89,8 @@ def hostile_rows(port: int) -> list[tuple[str, dict[str, Any], str]]:
         (
             "header value with CR/LF",
             email(payload={"headers": {"X-Tag": "a\r\nBcc: all@example.com"}}),
-            invalid + "payload.headers['X-Tag'] must be a one-line string; it contains a line "
-            "break",
+            invalid + "payload.headers['X-Tag'] contains U+000D CARRIAGE RETURN at position 1; "
+            "headers cannot carry line or paragraph separators; keep it on one line",
         ),
         (
             "payload over the limit",

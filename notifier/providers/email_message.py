@@ -1,0 +1,276 @@
+"""The message an email row becomes, with headers that no input can add to or change.
+
+Python before 3.11.10 / 3.12.5 decodes an encoded word written in a header's value
+(``=?utf-8?q?Hi=0D=0ABcc:_eve@evil.example?=``) and, folding the header, writes the CR LF it
+decoded back raw: the text after it becomes a header of its own. So notifier does not hand a
+value that a row can influence (subject, recipient, ``payload.headers``) to the standard
+library's header parser. It writes each one itself, in a form that decodes to exactly the text
+given, whatever the Python:
+
+* a value of printable ASCII words without ``=?`` goes out as written, folded at its spaces;
+* any other value goes out as RFC 2047 ``=?utf-8?b?...?=`` words of base64 (each a whole
+  number of characters), so a ``=?...?=`` in the input is text that reads back as written;
+* a ``Reply-To`` is one address, bare or with a display name; the name is written like a value.
+
+Then ``build`` checks the result: it parses the header block back, exactly as serialized for
+the wire, with the standard library's parser, and refuses (``InvalidNotification``) unless the
+headers are exactly the intended ones, in order, and each that a row or the deployment's sender
+can influence reads back as intended (the others, Date and the MIME headers, are notifier's
+own; parsing them too would double the check's cost). Characters no
+header can carry (``check_text``) are refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import unicodedata
+from collections.abc import Iterable
+from email.message import EmailMessage
+from email.parser import BytesHeaderParser
+from email.policy import SMTP as SMTP_POLICY
+from email.policy import default as DEFAULT_POLICY
+from typing import Any
+
+from notifier.providers.base import InvalidNotification
+
+# CRLF line ends for the wire; 7bit so that any server takes the body, 8BITMIME or not; and
+# "none" so that the headers written here go out exactly as written, never refolded.
+POLICY = SMTP_POLICY.clone(cte_type="7bit", refold_source="none")
+
+#: A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
+ADDRESS = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
+_MAILBOX = re.compile(rf"\s*(?:(?P<name>[^<>]*?)\s*<(?P<angle>{ADDRESS})>|(?P<bare>{ADDRESS}))\s*")
+
+# C0 and C1 controls except TAB (legal whitespace in a header), DEL, the Unicode line and
+# paragraph separators, and lone surrogates (not text; they cannot be encoded).
+_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_SEPARATORS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+_CONTROL_NAMES = {
+    0x00: "NULL",
+    0x0A: "LINE FEED",
+    0x0B: "LINE TABULATION",
+    0x0C: "FORM FEED",
+    0x0D: "CARRIAGE RETURN",
+    0x1B: "ESCAPE",
+    0x7F: "DELETE",
+    0x85: "NEXT LINE",
+}
+
+# Printable ASCII words with spaces or tabs between them: safe to write as they are.
+_PLAIN = re.compile(r"[!-~]+(?:[ \t]+[!-~]+)*")
+_TOKEN = re.compile(r"[ \t]*[^ \t]+")
+_ATOMS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?: [A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*")
+_UNCHECKED = object()
+_BLANKS = re.compile(r"[ \t]+")
+_FOLD_AT = 78  # RFC 5322's recommended line length
+_LONGEST_LINE = 998  # its limit
+_CHUNK = 45  # UTF-8 bytes per encoded word: 60 base64 characters, 72 with "=?utf-8?b?" "?="
+#: A display name goes out as one encoded word: 42 bytes fit "Reply-To: " and it in 78 columns.
+DISPLAY_NAME_BYTES = 42
+
+
+def check_text(field: str, value: str) -> None:
+    """Raise ``InvalidNotification`` naming ``field`` and the character if ``value`` holds one
+    that no header can carry: a control character other than TAB, or a line or paragraph
+    separator (CR, LF, VT, FF, NEL, U+2028, U+2029), or a lone surrogate."""
+    bad = _FORBIDDEN.search(value)
+    if bad is None:
+        return
+    char = bad.group()
+    code = ord(char)
+    if char in _SEPARATORS:
+        name = _CONTROL_NAMES.get(code) or unicodedata.name(char, "INFORMATION SEPARATOR")
+        why = "headers cannot carry line or paragraph separators; keep it on one line"
+    elif 0xD800 <= code <= 0xDFFF:
+        name, why = "SURROGATE", "a lone surrogate is not text; check the producer's encoding"
+    else:
+        name = _CONTROL_NAMES.get(code, "CONTROL")
+        why = "headers cannot carry control characters"
+    raise InvalidNotification(
+        f"{field} contains U+{code:04X} {name} at position {bad.start()}; {why}"
+    )
+
+
+def parse_mailbox(field: str, value: str) -> tuple[str, str]:
+    """``"Help Desk <help@shop.example>"`` -> ``("Help Desk", "help@shop.example")``.
+
+    One address, bare or after a display name; a display name in double quotes loses them, and
+    its runs of spaces and tabs become one space (as a receiver reads them anyway). A name of
+    anything but plain words goes out as one encoded word (see ``_mailbox``), so it may take
+    ``DISPLAY_NAME_BYTES`` bytes of UTF-8 at most.
+    """
+    found = _MAILBOX.fullmatch(value)
+    if found is None:
+        raise InvalidNotification(
+            f"{field} {value[:100]!r} is not one address like 'help@shop.example' or "
+            "'Help Desk <help@shop.example>' (plain ASCII; give a domain in punycode)"
+        )
+    name = found["name"] or ""
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = re.sub(r"\\(.)", r"\1", name[1:-1])
+    check_text(f"the display name in {field}", name)
+    name = _BLANKS.sub(" ", name).strip(" ")
+    size = len(name.encode())
+    if size > DISPLAY_NAME_BYTES and not _is_atoms(name):
+        raise InvalidNotification(
+            f"{field} has a display name of {size} bytes in UTF-8; at most {DISPLAY_NAME_BYTES} "
+            "unless it is plain ASCII words (letters and digits, single spaces between them)"
+        )
+    return name, found["angle"] or found["bare"]
+
+
+def build(
+    *,
+    sender: str,
+    recipient: str,
+    subject: str,
+    date: str,
+    message_id: str,
+    headers: dict[str, str],
+    reply_to: tuple[str, str] | None,
+    body: str,
+    html: str | None,
+) -> bytes:
+    """The message as it goes on the wire; ``InvalidNotification`` if a header would not read
+    back exactly as intended.
+
+    ``sender``, ``date`` and ``message_id`` come from the deployment and the row's id, and go
+    through the standard library; the rest is written by this module (see the module docstring).
+    ``headers`` are extra unstructured headers; ``reply_to`` is (display name, address).
+    """
+    message = EmailMessage(policy=POLICY)
+    meant: list[object] = []  # what each header written here must read back as, in order
+
+    def put(name: str, wire: str, meaning: object) -> None:
+        message.set_raw(name, wire)
+        meant.append(meaning)
+
+    try:
+        message["From"] = sender  # the Python may refuse it: a CR or LF that it decoded
+    except ValueError as exc:
+        raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
+    put("To", recipient, (("", recipient),))
+    put("Subject", _text("Subject", subject), subject)
+    message["Date"] = date
+    message["Message-ID"] = message_id
+    if reply_to is not None:
+        put("Reply-To", _mailbox("Reply-To", *reply_to), (reply_to,))
+    for name, value in headers.items():
+        put(name, _text(name, value), value)
+    message.set_content(body)
+    if html is not None:
+        message.add_alternative(html, subtype="html")
+    wire = message.as_bytes()
+    written = iter(meant)  # header objects are str too; the ones written here are plain str
+    _verify(
+        [
+            (name, next(written) if type(value) is str else _stdlib_meaning(name, value))
+            for name, value in message.raw_items()
+        ],
+        wire,
+    )
+    return wire
+
+
+def check_sender(sender: str, domain: str) -> None:
+    """Raise ``InvalidNotification`` if every message from ``sender`` would be refused."""
+    build(
+        sender=sender,
+        recipient="probe@example.com",
+        subject="",
+        date="Thu, 01 Jan 1970 00:00:00 GMT",
+        message_id=f"<probe@{domain}>",
+        headers={},
+        reply_to=None,
+        body="",
+        html=None,
+    )
+
+
+def _text(name: str, value: str) -> str:
+    """``value`` written to follow ``Name: `` so that it unfolds and decodes to ``value``."""
+    check_text(f"the {name} header", value)
+    if _PLAIN.fullmatch(value) and "=?" not in value:
+        lines, line, width = [], "", len(name) + 2
+        for token in _TOKEN.findall(value):  # each but the first starts with its whitespace
+            if line and width + len(token) > _FOLD_AT:
+                lines.append(line)
+                line, width = "", 0
+            line += token
+            width += len(token)
+        lines.append(line)
+        if len(name) + 2 + max(len(line) for line in lines) <= _LONGEST_LINE:
+            return "\r\n".join(lines)
+    return "\r\n ".join(_encoded_words(value, first=_FOLD_AT - len(name) - 2))
+
+
+def _mailbox(name: str, display_name: str, address: str) -> str:
+    """``Display Name <address>``, the name written like ``_text`` writes a value."""
+    if not display_name:
+        return address
+    check_text(f"the {name} header's display name", display_name)
+    if _is_atoms(display_name):
+        phrase = display_name
+    else:  # one word: Python's address parser puts a space between adjacent encoded words
+        words = list(_encoded_words(display_name, first=_FOLD_AT))
+        if len(words) != 1:
+            raise InvalidNotification(f"the {name} header's display name is too long")
+        phrase = words[0]
+    last = phrase.rpartition("\n")[2]
+    fits = len(name) + 2 + len(last) + len(address) + 3 <= _FOLD_AT
+    separator = " " if fits else "\r\n "
+    return f"{phrase}{separator}<{address}>"
+
+
+def _is_atoms(text: str) -> bool:
+    return _ATOMS.fullmatch(text) is not None and "=?" not in text
+
+
+def _encoded_words(value: str, first: int) -> Iterable[str]:
+    """``=?utf-8?b?...?=`` words of at most ``_CHUNK`` bytes, never splitting a character; the
+    first one short enough to take ``first`` columns at most (or 6 bytes, one character)."""
+    data = value.encode()
+    start, chunk = 0, min(_CHUNK, max(6, (first - 12) // 4 * 3))
+    while start < len(data):
+        end = min(start + chunk, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+            end -= 1
+        yield f"=?utf-8?b?{base64.b64encode(data[start:end]).decode('ascii')}?="
+        start, chunk = end, _CHUNK
+
+
+def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
+    """Parse the header block of ``wire`` back; raise unless its headers are ``intended``'s, in
+    order, each with the meaning given (``_UNCHECKED``: the name is enough)."""
+    head = wire.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+    parsed = BytesHeaderParser(policy=DEFAULT_POLICY).parsebytes(head)
+    names, want = parsed.keys(), [name for name, _ in intended]
+    if names != want:
+        raise InvalidNotification(
+            f"the email's headers would not read back as written: they would be {names}, "
+            f"not {want}; nothing was sent"
+        )
+    for (name, raw), (_, meaning) in zip(parsed.raw_items(), intended, strict=True):
+        if meaning is _UNCHECKED:
+            continue
+        got = _meaning(DEFAULT_POLICY.header_fetch_parse(name, raw))
+        if got != meaning:
+            raise InvalidNotification(
+                f"the email's {name} header would read back as {got!r}, not as written; "
+                "nothing was sent"
+            )
+
+
+def _stdlib_meaning(name: str, header: Any) -> object:
+    """The meaning to check of a header the standard library wrote: the sender's and the
+    Message-ID's, which come from ``NOTIFIER_EMAIL_FROM``; the rest are notifier's own."""
+    return _meaning(header) if name in ("From", "Message-ID") else _UNCHECKED
+
+
+def _meaning(header: Any) -> object:
+    """What a parsed header says: its addresses for an address header, else its decoded text."""
+    addresses = getattr(header, "addresses", None)
+    if addresses is not None:
+        return tuple((a.display_name, a.addr_spec) for a in addresses)
+    return str(header)
