@@ -132,8 +132,9 @@ def test_many_sends_overlap_and_each_is_signed(
 
     assert report.sent == 200
     assert took < 3.0  # one thread would need 10 s
-    # Many at the receiver at once (it runs in this process too, so not quite all 200).
-    assert receiver.most_at_once() >= 50
+    # Many at the receiver at once (it runs in this process too, so not quite all 200, and on a
+    # busy machine far fewer: one at a time is what this rules out).
+    assert receiver.most_at_once() >= 20
     assert receiver.counts() == {f"notification-{i}": 1 for i in ids}
     key = base64.b64decode(SECRET.removeprefix("whsec_"))
     for headers, body in receiver.requests:
