@@ -1,6 +1,6 @@
 # Each target runs one of scripts/, which set up .venv on first use. `make` lists them.
 .DEFAULT_GOAL := help
-.PHONY: help dev test lint migrate
+.PHONY: help dev test lint migrate lock
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z]+:.*## / { printf "  make %-8s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -16,3 +16,6 @@ lint: ## ruff and mypy only (scripts/test --lint-only)
 
 migrate: ## create the database if needed and apply the migrations (scripts/dev migrate)
 	scripts/dev migrate
+
+lock: ## pin every runtime dependency, with hashes, into requirements.lock (scripts/lock)
+	scripts/lock

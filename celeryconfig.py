@@ -6,9 +6,13 @@ operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER
 
 from celery.schedules import crontab
 
-from notifier.settings import get_settings
+from notifier.settings import SettingsError, get_settings
 
-_settings = get_settings()
+try:
+    _settings = get_settings()
+except SettingsError as exc:
+    # One line naming the variable, not a traceback through Celery's loader; exits non-zero.
+    raise SystemExit(f"notifier: {exc}") from None
 
 broker_url = _settings.redis_url
 # Results are never read: tasks record their outcome in PostgreSQL.

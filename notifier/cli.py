@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 
 import redis
@@ -91,8 +92,13 @@ def _payload(value: str) -> dict[str, object]:
 
 
 def alembic_dir() -> Path:
-    """The migrations: beside the package in a checkout or the image."""
-    return Path(__file__).resolve().parent.parent / "alembic"
+    """The migrations: ``notifier/_migrations`` once installed from a wheel (pyproject.toml puts
+    them there), the repository's ``alembic/`` in a checkout or an editable install."""
+    package = Path(__file__).resolve().parent
+    for place in (package / "_migrations", package.parent / "alembic"):
+        if (place / "env.py").is_file():
+            return place
+    raise FileNotFoundError(f"notifier's migrations are missing from {package}: reinstall it")
 
 
 def migrate(database_url: str | None = None) -> None:
@@ -180,6 +186,9 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {metadata.version('notifier')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="create the database if needed and apply migrations")

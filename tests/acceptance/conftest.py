@@ -25,6 +25,10 @@ class Services:
 
     env: dict[str, str]
     logs: Path
+    #: How ``celery`` is started, and where: this test run's, from the repository, unless a test
+    #: runs an installed copy.
+    celery: tuple[str, ...] = (sys.executable, "-m", "celery")
+    cwd: Path = REPO
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
@@ -32,8 +36,8 @@ class Services:
         log = (self.logs / f"{name}.log").open("wb")
         self._logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "notifier", *args],
-            cwd=REPO,
+            [*self.celery, "-A", "notifier", *args],
+            cwd=self.cwd,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -7,13 +7,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from typing import TypeVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notifier.cli import MAX_DURATION, parse_duration, parse_when, whole_number
+from notifier.cli import MAX_DURATION, main, parse_duration, parse_when, whole_number
 
 T = TypeVar("T")
 
@@ -102,3 +103,10 @@ def test_an_overflowing_option_is_one_usage_error_naming_it(argv: list[str], opt
     last = done.stderr.splitlines()[-1]
     assert last.startswith(f"notifier {argv[0]}: error: argument {option}: ")
     assert "Traceback" not in done.stderr
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"notifier {metadata.version('notifier')}\n"

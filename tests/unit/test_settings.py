@@ -1,0 +1,72 @@
+"""Settings the environment gets wrong are named as the variables an operator wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from notifier.settings import SettingsError, get_settings, unknown_settings
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("NOTIFIER_RATE_LIMIT", "did you mean NOTIFIER_RATE_LIMITS?"),
+        ("NOTIFIER_OVERRIDE_RECIPIENT", "did you mean NOTIFIER_OVERRIDE_RECIPIENTS?"),
+        ("NOTIFIER_SMTP_HOSTNAME", "did you mean NOTIFIER_SMTP_HOST?"),
+        ("notifier_batchsize", "did you mean NOTIFIER_BATCH_SIZE?"),
+        ("NOTIFIER_COLOUR", "the settings are listed in notifier/settings.py"),
+    ],
+)
+def test_an_unknown_variable_is_named_with_the_closest_setting(name: str, says: str) -> None:
+    assert unknown_settings({name: "1"}) == [f"unknown setting {name}; {says}"]
+
+
+def test_settings_and_the_variables_read_on_purpose_pass() -> None:
+    assert (
+        unknown_settings(
+            {
+                "NOTIFIER_RATE_LIMITS": "",
+                "notifier_batch_size": "5",  # read without regard to case, like every setting
+                "NOTIFIER_TEST_POSTGRES": "postgresql://",
+                "NOTIFIER_BENCH_REDIS": "redis://",
+                "NOTIFIER_FAULT_REPORT": "/tmp/report",
+                "NOTIFIER_TAG": "1.2",
+                "PATH": "/usr/bin",
+                "NOTIFIERX": "1",
+            }
+        )
+        == []
+    )
+
+
+def test_get_settings_refuses_an_unknown_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFIER_RATE_LIMIT", "email=1/s")
+    with pytest.raises(SettingsError) as refused:
+        get_settings()
+    assert str(refused.value) == (
+        "unknown setting NOTIFIER_RATE_LIMIT; did you mean NOTIFIER_RATE_LIMITS?"
+    )
+
+
+def test_bad_values_name_their_variables_on_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFIER_BATCH_SIZE", "0")
+    monkeypatch.setenv("NOTIFIER_DATABASE_URL", "mysql://app:hunter2@db/app")
+    monkeypatch.setenv("NOTIFIER_SMPT_HOST", "mail")
+    with pytest.raises(SettingsError) as refused:
+        get_settings()
+    message = str(refused.value)
+    assert message == (
+        "unknown setting NOTIFIER_SMPT_HOST; did you mean NOTIFIER_SMTP_HOST?; "
+        "NOTIFIER_DATABASE_URL: must be a postgresql:// or postgresql+psycopg:// URL; "
+        "NOTIFIER_BATCH_SIZE: Input should be greater than 0"
+    )
+    assert "hunter2" not in message
