@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -145,7 +146,7 @@ class Dispatcher:
             cap=settings.retry_max_seconds,
             jitter=settings.retry_jitter,
         )
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = worker or process_name()
         self.clock = clock
         self.gate = gate
         self.stopping = stopping or threading.Event()
@@ -601,6 +602,13 @@ class Dispatcher:
                 log.warning("database write failed (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def process_name() -> str:
+    """``hostname:pid:nonce``, written into ``claimed_by``: one process, for as long as it
+    lives. The nonce tells apart a process from its predecessor with the same PID, as in a
+    restarted container, so the dead one's rows are not taken for the living one's."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def _named(exc: BaseException) -> str:

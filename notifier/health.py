@@ -1,6 +1,7 @@
 """Health checks for operators and container healthchecks.
 
-Healthy means PostgreSQL and Redis answer and work is being claimed. Waiting work alone is no
+Healthy means PostgreSQL and Redis answer, work is being claimed, and no row is held by a
+worker that has stopped (its heartbeat lapsed; see ``heartbeat``). Waiting work alone is no
 fault (a rate-limited campaign may wait for hours); waiting work that nobody has claimed for
 longer than a dispatch can take is. With a heartbeat file, the check is about one worker: a
 worker whose process is up but which no longer dispatches fails, not only a dead one.
@@ -16,7 +17,7 @@ from typing import cast
 import redis
 from sqlalchemy import Engine
 
-from notifier import store
+from notifier import store, worker_store
 from notifier.settings import Settings
 
 #: Redis key holding the Unix time of the last batch that claimed anything, on any worker.
@@ -43,6 +44,20 @@ def stale_after(settings: Settings) -> float:
     return settings.dispatch_interval + settings.task_soft_time_limit + 30
 
 
+def _gone_workers(gone: list[worker_store.GoneWorker]) -> Check:
+    """Rows held by workers whose heartbeat stopped: they wait for the rescue (beat, or any
+    worker's dispatch), which should take them within seconds."""
+    rows = sum(w.rows for w in gone)
+    names = ", ".join(f"{w.name} ({w.rows} rows, silent {w.silent_seconds:.0f}s)" for w in gone[:5])
+    more = f" and {len(gone) - 5} more" if len(gone) > 5 else ""
+    return Check(
+        "workers",
+        False,
+        f"{rows} rows held by {len(gone)} stopped worker(s): {names}{more};"
+        " the rescue returns them (is beat or any worker running?)",
+    )
+
+
 def check(
     engine: Engine, client: redis.Redis, settings: Settings, heartbeat: Path | None = None
 ) -> list[Check]:
@@ -54,8 +69,11 @@ def check(
     try:
         with engine.connect() as conn:
             stats = store.queue_stats(conn)
+            gone = worker_store.held_by_gone(conn)
         lag = stats.lag_seconds
         checks.append(Check("database", True, f"{stats.due} rows due, lag {lag:.1f}s"))
+        if gone:
+            checks.append(_gone_workers(gone))
     except Exception as exc:
         checks.append(Check("database", False, f"unreachable: {exc}"))
     try:

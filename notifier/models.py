@@ -323,3 +323,17 @@ suppressions = Table(
         " notifier adds hard bounces."
     ),
 )
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("last_seen", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("alive_until", DateTime(timezone=True), nullable=False),
+    CheckConstraint("alive_until >= last_seen", name="workers_alive_after_seen"),
+    comment=(
+        "One row per worker process that claims notifications, renewed by its heartbeat;"
+        " read by the rescue and notifier health."
+    ),
+)

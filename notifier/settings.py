@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(300, gt=0)
     """How long a claimed row belongs to its worker before the rescue may take it back."""
 
+    heartbeat_seconds: float = Field(5.0, gt=0, le=60)
+    """How often each worker process renews its row in ``workers``, from a thread of its own.
+    A process silent for three of these is gone, and the rescue takes its rows back without
+    waiting for their lease."""
+
+    expected_workers: int = Field(1, gt=0, le=10_000)
+    """Worker containers (or machines) running at once, a rolling restart's extra included: a
+    worker refuses to start when that many could open more PostgreSQL connections than the
+    server allows (see the README's connection budget)."""
+
     retry_base_seconds: float = Field(30.0, gt=0)
     """Delay before the second attempt; it doubles for every attempt after that."""
 

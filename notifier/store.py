@@ -29,6 +29,7 @@ from notifier.models import (
     Notification,
 )
 from notifier.settings import get_settings
+from notifier.worker_store import GONE, forget_gone
 
 # What a claim reads of each row. Whatever a producer wrote, reading it cannot fail and cannot
 # cost more than the limits: long texts come back cut one character past their limit (the check
@@ -177,8 +178,11 @@ RELEASE = text(
     """
 )
 
+# A row is taken back when its lease ran out, or when the worker that claimed it is gone (its
+# heartbeat lapsed, see ``worker_store``); a claimant without a heartbeat row (an older release)
+# only by the lease. Served by the ``notifications_lease`` partial index and the workers' key.
 RESCUE_EXPIRED = text(
-    """
+    f"""
     WITH rescued AS (
         UPDATE notifications AS n
            SET status = CASE WHEN n.attempts >= n.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -186,17 +190,25 @@ RESCUE_EXPIRED = text(
                locked_until = NULL,
                next_attempt_at = now(),
                updated_at = now(),
-               last_error = 'lease expired: worker ' || coalesce(n.claimed_by, '?')
+               last_error = CASE WHEN expired.silent IS NULL THEN 'lease expired: worker '
+                                 ELSE 'worker gone: ' END
+                            || coalesce(n.claimed_by, '?')
+                            || CASE WHEN expired.silent IS NULL THEN ''
+                                    ELSE ' sent no heartbeat for ' || expired.silent || 's and'
+                               END
                             || ' stopped before recording the outcome of attempt '
                             || n.attempts || ' (it may have been delivered)'
                             || CASE WHEN n.attempts >= n.max_attempts
                                     THEN '; attempts used up' ELSE '' END
-          FROM (SELECT id
-                  FROM notifications
-                 WHERE status = 'processing' AND locked_until < now()
-                 ORDER BY locked_until
+          FROM (SELECT n.id,
+                       CASE WHEN n.locked_until >= now()
+                            THEN round(extract(epoch FROM now() - w.last_seen))::bigint
+                       END AS silent
+                  FROM notifications n LEFT JOIN workers w ON w.name = n.claimed_by
+                 WHERE n.status = 'processing' AND (n.locked_until < now() OR {GONE})
+                 ORDER BY n.locked_until
                  LIMIT :limit
-                   FOR UPDATE SKIP LOCKED) AS expired
+                   FOR UPDATE OF n SKIP LOCKED) AS expired
          WHERE n.id = expired.id
         RETURNING n.id, n.status, n.attempts, n.claimed_by, n.channel, n.last_error
     ), history AS (
@@ -288,6 +300,11 @@ WAKE_CHANNEL = "notifier_wake"
 # --- the engine --------------------------------------------------------------------------------
 
 
+#: Connections an engine keeps open, and how many more it may open when they are all busy: the
+#: most one process's engine holds (counted in ``budget``).
+POOL_SIZE, POOL_OVERFLOW = 2, 2
+
+
 @lru_cache(maxsize=1)
 def engine() -> Engine:
     """The process's engine, created on first use (after a prefork worker has forked)."""
@@ -298,8 +315,8 @@ def make_engine(url: str) -> Engine:
     """An engine whose connections read any timestamp a producer can write."""
     eng = create_engine(
         url,
-        pool_size=2,
-        max_overflow=2,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
         pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
         pool_recycle=1800,
         connect_args={"connect_timeout": 10, "application_name": "notifier"},
@@ -506,12 +523,15 @@ def release(
 
 
 def rescue_expired(conn: Connection, *, limit: int = 1000) -> dict[str, int]:
-    """Take back rows whose worker's lease ran out: to ``pending``, or ``dead`` if out of attempts.
+    """Take back rows whose lease ran out or whose worker is gone (its heartbeat lapsed): to
+    ``pending``, or ``dead`` if out of attempts.
 
     Safe to run in several places at once (``SKIP LOCKED``). Each rescued row's ``rescues`` is
-    incremented: its last attempt may have reached the provider before the worker died.
+    incremented: its last attempt may have reached the provider before the worker died. Workers
+    gone for a day are forgotten.
     """
     rows = conn.execute(RESCUE_EXPIRED, {"limit": limit}).all()
+    forget_gone(conn)
     counts = {"pending": 0, "dead": 0}
     for _, status in rows:
         counts[status] += 1

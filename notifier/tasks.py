@@ -31,8 +31,9 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import eventloop, guards, health, logs, metrics, ops, store
+from notifier import budget, eventloop, guards, health, logs, metrics, ops, store, worker_store
 from notifier.dispatch import Dispatcher, SendingPaused
+from notifier.heartbeat import MISSES, Heartbeat
 from notifier.providers import load_registry
 from notifier.ratelimit import RateLimiter, parse_limits
 from notifier.settings import get_settings
@@ -55,7 +56,7 @@ STOPPING = threading.Event()
 
 @lru_cache(maxsize=1)
 def _dispatcher() -> Dispatcher:
-    return Dispatcher(
+    dispatcher = Dispatcher(
         store.engine(),
         load_registry(),
         get_settings(),
@@ -65,6 +66,27 @@ def _dispatcher() -> Dispatcher:
         limiter=RateLimiter(_redis(), parse_limits(get_settings().rate_limits)),
         observe=_count,
     )
+    _start_heartbeat(dispatcher.worker)
+    return dispatcher
+
+
+#: This process's heartbeat, once it has a dispatcher (and so a name to claim rows under).
+_heartbeat: Heartbeat | None = None
+
+
+def _start_heartbeat(name: str) -> None:
+    global _heartbeat
+    settings = get_settings()
+    _heartbeat = Heartbeat(settings.database_url, name, settings.heartbeat_seconds)
+    _heartbeat.beat()  # registered before the first claim, if the database lets it
+    _heartbeat.start()
+
+
+def _stop_heartbeat() -> None:
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
 
 
 def _count(attempts: list[store.Attempt]) -> None:
@@ -105,18 +127,25 @@ _waker: Waker | None = None
 
 @signals.worker_ready.connect
 def _start_waker(**_: Any) -> None:
-    """Dispatch as soon as rows are inserted or fall due, not at the next beat."""
+    """Dispatch as soon as rows are inserted or fall due, not at the next beat; and at once,
+    for rows that fell due while no worker ran (one dispatch waits however many replicas
+    start together)."""
     global _waker
     settings = get_settings()
     if settings.wake_on_insert and _waker is None:
         _waker = Waker(store.engine(), settings.database_url, _keep_one_waiting)
         _waker.start()
+    try:
+        _keep_one_waiting()
+    except redis.RedisError as exc:  # the broker is down too: the first beat after it does it
+        log.warning("could not ask for a dispatch at start: %s", exc)
 
 
 @signals.worker_shutdown.connect
 def _stop_waker(**_: Any) -> None:
     if _waker is not None:
         _waker.stop()
+    _stop_heartbeat()  # a worker whose tasks ran in its main process (solo, threads)
 
 
 @app.task(name="notifier.dispatch")
@@ -128,7 +157,7 @@ def dispatch() -> int:
     health.touch(settings.heartbeat_file)
     _rescue_now_and_then()
     with _sigterm_stops_gracefully():
-        reports = _dispatcher().drain(on_full_batch=_keep_one_waiting)
+        reports = _dispatcher().drain(on_full_batch=_between_full_batches)
     claimed = sum(r.claimed for r in reports)
     if claimed:
         with contextlib.suppress(redis.RedisError):
@@ -187,16 +216,64 @@ def _configure_logging(logger: logging.Logger, **_: Any) -> None:
 RESCUED_FLAG = "notifier:rescue:recent"
 
 
+#: Seconds between two looks at ``RESCUED_FLAG`` from one process: between batches, the look
+#: costs a round trip to Redis only this often, however short the batches.
+RESCUE_LOOK_EVERY = 1.0
+_next_rescue_look = 0.0
+
+
 def _rescue_now_and_then() -> None:
-    """Dispatches run the rescue too, at most every few seconds across the cluster: while a
-    backlog keeps every pool process busy, beat's rescue messages expire in the queue."""
+    """Dispatches run the rescue too, at most every few seconds across the cluster, at their
+    start and between the batches of a backlog: while a backlog keeps every pool process busy,
+    beat's rescue messages wait in the queue, and a dead worker's rows with them. As often as a
+    gone worker's grace, so its rows are not left waiting much longer than that."""
+    global _next_rescue_look
+    now = time.monotonic()
+    if now < _next_rescue_look:
+        return
+    _next_rescue_look = now + RESCUE_LOOK_EVERY
+    settings = get_settings()
+    every = max(int(min(settings.dispatch_interval / 2, MISSES * settings.heartbeat_seconds)), 2)
     try:
-        every = max(int(get_settings().dispatch_interval / 2), 2)
         if not _redis().set(RESCUED_FLAG, 1, nx=True, ex=every):
             return
     except redis.RedisError:
         return
     rescue()
+
+
+def _between_full_batches() -> None:
+    """A backlog remains: bring another worker in, and rescue if it is time to."""
+    _keep_one_waiting()
+    _rescue_now_and_then()
+
+
+@signals.celeryd_after_setup.connect
+def _check_connection_budget(instance: Any, **_: Any) -> None:
+    """Refuse to start when the expected workers could open more database connections than
+    PostgreSQL allows; warn when close. Once the pool's size is known, before it starts."""
+    settings = get_settings()
+    prefork = "prefork" in getattr(instance.pool_cls, "__module__", "")
+    wanted = budget.Budget(
+        concurrency=int(instance.concurrency) if prefork else 1,
+        replicas=settings.expected_workers,
+        wake_on_insert=settings.wake_on_insert,
+    )
+    try:
+        with store.engine().connect() as conn:
+            limits = worker_store.connection_limits(conn)
+    except Exception as exc:  # the database is not there yet: the worker waits for it
+        log.warning("could not check PostgreSQL's connection limit: %s", exc)
+        return
+    found = budget.verdict(wanted, limits)
+    if found is None:
+        return
+    level, line = found
+    if level == "warn":
+        log.warning("%s", line)
+        return
+    log.critical("%s", line)
+    raise SystemExit(1)
 
 
 @signals.worker_init.connect
@@ -214,6 +291,8 @@ def _check_settings(**_: Any) -> None:
 @signals.worker_process_init.connect
 def _after_fork(**_: Any) -> None:
     """A forked worker process must not share its parent's database or Redis sockets."""
+    global _heartbeat
+    _heartbeat = None  # the parent's, if it had one, did not survive the fork
     store.dispose_engine()
     _dispatcher.cache_clear()
     _redis.cache_clear()
@@ -252,6 +331,7 @@ def _close_before_exit(**_: Any) -> None:
         if _dispatcher.cache_info().currsize:
             _dispatcher().close()
         eventloop.stop()
+        _stop_heartbeat()
     except Exception:  # exiting anyway: the kernel closes what is left
         log.exception("could not close the dispatcher cleanly")
 

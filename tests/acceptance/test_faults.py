@@ -215,8 +215,8 @@ def _all_sent(engine: Engine, n: int) -> bool:
 
 
 def _pid(claimed_by: str) -> int:
-    """``claimed_by`` is ``hostname:pid``."""
-    return int(claimed_by.rsplit(":", 1)[1])
+    """``claimed_by`` is ``hostname:pid:nonce``."""
+    return int(claimed_by.split(":")[1])
 
 
 def _stale(log: str) -> list[int]:
