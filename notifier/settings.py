@@ -31,8 +31,18 @@ class SmtpTls(StrEnum):
     ssl = "ssl"
 
 
+#: Where a container gets its secret files (compose ``secrets:``, see docker-compose.yml): a
+#: file named like a setting (``notifier_smtp_password``) sets it, unless the environment does.
+SECRETS_DIR = Path("/run/secrets")
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NOTIFIER_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="NOTIFIER_",
+        extra="ignore",
+        # Only where it exists: pydantic-settings warns about a missing directory.
+        secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None,
+    )
 
     database_url: str = "postgresql://postgres@localhost:5432/notifier"
     """PostgreSQL holding the ``notifications`` table; ``postgresql://`` or
