@@ -101,8 +101,9 @@ def alembic_dir() -> Path:
     raise FileNotFoundError(f"notifier's migrations are missing from {package}: reinstall it")
 
 
-def migrate(database_url: str | None = None) -> None:
-    """Create the database if it does not exist, then upgrade it to the newest schema."""
+def migrate(database_url: str | None = None, *, down_to: str | None = None) -> None:
+    """Create the database if it does not exist, then upgrade it to the newest schema; or, with
+    ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
     from alembic import command
     from alembic.config import Config
 
@@ -124,13 +125,17 @@ def migrate(database_url: str | None = None) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, "head")
+        if down_to is None:
+            command.upgrade(config, "head")
+        else:
+            command.downgrade(config, down_to)
     engine.dispose()
-    print(f"database {url.database} is at the newest schema")
+    where = "the newest schema" if down_to is None else f"revision {down_to}"
+    print(f"database {url.database} is at {where}")
 
 
-def _cmd_migrate(_: argparse.Namespace) -> int:
-    migrate()
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    migrate(down_to=args.down_to)
     return 0
 
 
@@ -192,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="create the database if needed and apply migrations")
+    p.add_argument(
+        "--down-to",
+        metavar="REVISION",
+        help="undo the migrations after REVISION (e.g. 0011), to roll back a release",
+    )
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("send", help="queue one notification and print its id")

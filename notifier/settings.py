@@ -310,8 +310,8 @@ class Settings(BaseSettings):
 PREFIX = "NOTIFIER_"
 
 #: ``NOTIFIER_*`` variables that are not settings yet are read on purpose: the test suite's and
-#: the benchmarks' own, and the image tag docker-compose.yml picks (``NOTIFIER_TAG``).
-NOT_SETTINGS = ("NOTIFIER_TEST_", "NOTIFIER_BENCH_", "NOTIFIER_FAULT_REPORT", "NOTIFIER_TAG")
+#: the benchmarks' own.
+NOT_SETTINGS = ("NOTIFIER_TEST_", "NOTIFIER_BENCH_", "NOTIFIER_FAULT_REPORT")
 
 
 class SettingsError(ValueError):

@@ -8,6 +8,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
+from notifier.cli import migrate
 from notifier.models import Status, metadata, notifications
 
 
@@ -104,3 +105,21 @@ def test_producer_contract_defaults(engine: Engine) -> None:
         ).all()
     assert len(again) == 2
     assert repeat == []
+
+
+def test_migrate_rolls_back_to_a_revision_and_forward_again(
+    engine: Engine, database_url: str
+) -> None:
+    """``notifier migrate --down-to`` is the rollback the README gives; ``migrate`` undoes it."""
+
+    def version_and_workers_table() -> tuple[str, bool]:
+        with engine.connect() as conn:
+            version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+            exists = conn.execute(text("SELECT to_regclass('workers') IS NOT NULL")).scalar_one()
+        return version, exists
+
+    assert version_and_workers_table() == ("0012", True)
+    migrate(database_url, down_to="0011")
+    assert version_and_workers_table() == ("0011", False)
+    migrate(database_url)
+    assert version_and_workers_table() == ("0012", True)

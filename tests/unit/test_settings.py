@@ -39,7 +39,6 @@ def test_settings_and_the_variables_read_on_purpose_pass() -> None:
                 "NOTIFIER_TEST_POSTGRES": "postgresql://",
                 "NOTIFIER_BENCH_REDIS": "redis://",
                 "NOTIFIER_FAULT_REPORT": "/tmp/report",
-                "NOTIFIER_TAG": "1.2",
                 "PATH": "/usr/bin",
                 "NOTIFIERX": "1",
             }
