@@ -132,6 +132,9 @@ notifications = Table(
     Column("sent_at", DateTime(timezone=True)),
     Column("template", Text),
     Column("locale", Text),
+    Column("delivery_status", Text),
+    Column("delivery_at", DateTime(timezone=True)),
+    Column("delivery_detail", Text),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -148,6 +151,14 @@ notifications = Table(
     CheckConstraint(
         "status <> 'dead' OR last_error IS NOT NULL", name="notifications_dead_has_reason"
     ),
+    CheckConstraint(
+        "delivery_status IN ('delivered', 'undelivered', 'bounced', 'complained')",
+        name="notifications_delivery_status",
+    ),
+    CheckConstraint(
+        "(delivery_status IS NULL) = (delivery_at IS NULL)",
+        name="notifications_delivery_has_time",
+    ),
     Index(
         "notifications_due",
         text("priority DESC"),
@@ -163,6 +174,11 @@ notifications = Table(
         postgresql_where=text("campaign_id IS NOT NULL"),
     ),
     Index("notifications_dead", "updated_at", postgresql_where=text("status = 'dead'")),
+    Index(
+        "notifications_provider_message_id",
+        "provider_message_id",
+        postgresql_where=text("provider_message_id IS NOT NULL"),
+    ),
     Index(
         "notifications_lease",
         "locked_until",
@@ -266,6 +282,14 @@ class AttemptOutcome(StrEnum):
     cancelled = "cancelled"
     #: its worker died before recording an outcome; taken back by the rescue
     rescued = "rescued"
+    #: reported by the provider after the send: it reached the recipient's mailbox or phone
+    delivered = "delivered"
+    #: reported by the provider after the send: it could not be delivered (SMS carriers)
+    undelivered = "undelivered"
+    #: reported by the provider after the send: the receiving server refused it
+    bounced = "bounced"
+    #: reported by the provider after the send: the recipient marked it as spam
+    complained = "complained"
 
 
 notification_attempts = Table(
@@ -282,7 +306,8 @@ notification_attempts = Table(
     Column("duration_ms", Integer),
     Column("provider", Text),
     CheckConstraint(
-        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued')",
+        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued',"
+        " 'delivered', 'undelivered', 'bounced', 'complained')",
         name="notification_attempts_outcome",
     ),
     Index("notification_attempts_by_notification", "notification_id", "id"),
