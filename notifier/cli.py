@@ -189,6 +189,20 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_events(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from notifier.events.app import create_app
+
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    app = create_app(settings, store.engine(), client)
+    # Behind a TLS-terminating proxy; Twilio's signature uses NOTIFIER_EVENTS_PUBLIC_URL, not
+    # the Host header, so no forwarded header is trusted.
+    uvicorn.run(app, host=args.host, port=args.port or settings.events_port, proxy_headers=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
     parser.add_argument(
@@ -239,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="default: NOTIFIER_METRICS_PORT")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
     p.set_defaults(func=_cmd_metrics)
+
+    p = sub.add_parser(
+        "events",
+        help="serve providers' delivery webhooks and one-click unsubscribes (NOTIFIER_EVENTS_PORT)",
+    )
+    p.add_argument("--port", type=int, help="default: NOTIFIER_EVENTS_PORT")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
+    p.set_defaults(func=_cmd_events)
 
     ops_cli.add_parsers(sub)
     content_cli.add_parsers(sub)

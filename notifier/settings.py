@@ -240,6 +240,46 @@ class Settings(BaseSettings):
     audience_query_timeout: float = Field(300.0, gt=0)
     """Seconds an audience ``--query`` may run (its ``statement_timeout``) before it is stopped."""
 
+    events_port: int = Field(8025, gt=0, lt=65536)
+    """Where ``notifier events`` listens for providers' delivery webhooks and unsubscribes."""
+
+    events_public_url: str | None = None
+    """The events endpoint's address as the internet reaches it (``https://events.example.com``):
+    the base of one-click unsubscribe links, and the URL Twilio signs its callbacks with. Until
+    it is set, emails carry no unsubscribe link and Twilio callbacks are refused."""
+
+    events_max_age_seconds: float = Field(300.0, gt=0)
+    """How old a signed timestamp (SendGrid, Mailgun) may be before its request is refused."""
+
+    unsubscribe_secret: str | None = None
+    """Signs one-click unsubscribe tokens (HMAC-SHA256); without it emails carry no link."""
+
+    unsubscribe_mailto: str | None = None
+    """An address for ``mailto:`` unsubscribes, offered beside the link when set."""
+
+    sns_topic_arns: str = ""
+    """Comma-separated SNS topic ARNs whose Amazon SES notifications are accepted; any other
+    topic is refused (anyone can make an SNS topic, and AWS signs its messages too)."""
+
+    sns_cert_url_pattern: str = r"^https://sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/"
+    """A regular expression an SNS ``SigningCertURL`` and ``SubscribeURL`` must match: AWS's own
+    SNS hosts. Tests point it at a loopback server."""
+
+    sendgrid_public_key: str | None = None
+    """SendGrid Event Webhook verification key (base64 DER, as SendGrid's settings show it)."""
+
+    mailgun_signing_key: str | None = None
+    """Mailgun's HTTP webhook signing key."""
+
+    postmark_webhook_auth: str | None = None
+    """``user:password`` that Postmark's webhook URL carries as basic-auth credentials."""
+
+    soft_bounce_limit: int = Field(3, gt=0)
+    """Soft bounces of one address within ``soft_bounce_window_hours`` that suppress it."""
+
+    soft_bounce_window_hours: float = Field(168.0, gt=0)
+    """The window soft bounces are counted in (a week)."""
+
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""
 

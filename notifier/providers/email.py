@@ -8,10 +8,19 @@ goes on the suppression list.
 
 Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
 every attempt, so a receiver can drop the duplicate a retry may cause.
+
+So that a relay's delivery reports (``notifier events``) find their row, every message also
+names it in ``X-Notifier-Id: {id}`` and in the metadata headers the common relays hand back in
+their events: ``X-Mailgun-Variables`` (Mailgun's ``user-variables``), ``X-SMTPAPI``
+``unique_args`` (SendGrid) and ``X-PM-Metadata-notifier-id`` (Postmark); a row's own header of
+one of those names wins over notifier's. Campaign rows and rows whose ``payload.unsubscribe``
+is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.events.unsubscribe``)
+unless the row sets its own ``List-Unsubscribe``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import smtplib
 import socket
@@ -20,6 +29,7 @@ import threading
 from email.utils import formatdate, parseaddr
 from typing import Any, ClassVar
 
+from notifier.events import unsubscribe
 from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
 from notifier.providers.email_message import (
@@ -33,7 +43,9 @@ from notifier.settings import SmtpTls, get_settings
 
 _ADDRESS = re.compile(ADDRESS)
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
-_RESERVED = frozenset({"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version"})
+_RESERVED = frozenset(
+    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
+)
 # Structured headers other than Reply-To: they would change who sent the message, or when.
 _STRUCTURED = frozenset({"sender", "orig-date"})
 # RFC 3463 enhanced status code at the start of a reply's text, e.g. "5.1.1".
@@ -222,6 +234,10 @@ class EmailProvider:
 
     def _compose(self, n: Notification, message_id: str) -> bytes:
         headers = dict(n.payload.get("headers") or {})
+        own = {name.lower() for name in headers}
+        for name, value in self._feedback_headers(n).items():
+            if name.lower() not in own:
+                headers[name] = value
         reply_to = next((k for k in headers if k.lower() == "reply-to"), None)
         return build(
             sender=self._settings.email_from,
@@ -234,6 +250,20 @@ class EmailProvider:
             body=n.body or "",
             html=n.payload.get("html"),
         )
+
+    def _feedback_headers(self, n: Notification) -> dict[str, str]:
+        """Headers that let delivery reports and unsubscribes find their way back."""
+        found = {
+            "X-Notifier-Id": str(n.id),
+            "X-Mailgun-Variables": json.dumps({"notifier_id": str(n.id)}),
+            "X-SMTPAPI": json.dumps({"unique_args": {"notifier_id": str(n.id)}}),
+            "X-PM-Metadata-notifier-id": str(n.id),
+        }
+        campaign = n.payload.get("campaign")
+        if n.payload.get("unsubscribe") is True or campaign is not None:
+            category = campaign if isinstance(campaign, str) else ""
+            found |= unsubscribe.headers(self._settings, n.channel, n.recipient, category)
+        return found
 
     def _trouble(self, exc: BaseException) -> Retry:
         """Name the server and what went wrong with it, so the operator knows where to look."""

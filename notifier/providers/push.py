@@ -10,6 +10,8 @@ FCM's answers (firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode) are JSO
 ``status`` and ``details[].errorCode``. The token is dead on ``UNREGISTERED`` or an
 ``INVALID_ARGUMENT`` about ``message.token``, and on ``SENDER_ID_MISMATCH``; auth failures are the
 operator's to fix and are retried, as is anything FCM or the token endpoint cannot do right now.
+An ``UNREGISTERED`` token (the app was uninstalled) also goes on the suppression list
+(``Permanent(suppress=True)``), so no later row is sent to it.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ def _outcome(response: httpx.Response) -> Outcome:
     code = next((c for c in codes if isinstance(c, str)), None) or error.get("status", "")
     text = truncate(f"FCM HTTP {status} {code}: {message}")
     if "UNREGISTERED" in codes:
-        return Permanent(UNREGISTERED)
+        return Permanent(UNREGISTERED, suppress=True)
     if "SENDER_ID_MISMATCH" in codes:
         return Permanent(SENDER_MISMATCH)
     if status == 429 or "QUOTA_EXCEEDED" in codes:

@@ -360,6 +360,8 @@ def test_outcome_follows_fcm_answer(
     assert fragment is not None
     assert fragment in outcome.error
     assert "tok1" not in outcome.error
+    if isinstance(outcome, Permanent):  # an uninstalled app's token goes on the suppression list
+        assert outcome.suppress is ("UNREGISTERED" in fragment)
     if isinstance(outcome, Retry):
         assert outcome.throttled is (status == 429)
         assert outcome.retry_after == retry_after

@@ -1,0 +1,89 @@
+"""Twilio's status callbacks and incoming messages, verified as Twilio documents ("Webhooks
+security"): ``X-Twilio-Signature`` is base64 HMAC-SHA1, under the account's auth token
+(``NOTIFIER_TWILIO_AUTH_TOKEN``), of the full URL Twilio requested followed by every POST
+parameter's name and value, sorted by name (case-sensitive), without separators. The URL is
+``NOTIFIER_EVENTS_PUBLIC_URL`` plus the request's path and query: what Twilio saw, whatever
+proxy stands between.
+
+A status callback (``MessageSid``, ``MessageStatus``, ``ErrorCode``, ``To``) carries no time:
+the report is taken as happening when it arrives. ``delivered`` (and ``read``) is delivered,
+``undelivered`` and ``failed`` are undelivered; error 21610 (the recipient replied STOP
+earlier) suppresses the number. An incoming message (``Body``, ``From``) whose body is one of
+Twilio's opt-out keywords (STOP, STOPALL, UNSUBSCRIBE, CANCEL, END, QUIT, OPTOUT, REVOKE)
+suppresses its sender.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from notifier.events.model import DeliveryStatus, Event, Refused
+from notifier.settings import Settings
+
+SIGNATURE = "x-twilio-signature"
+OPT_OUT = frozenset({"STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "OPTOUT", "REVOKE"})
+_STATUS = {
+    "delivered": DeliveryStatus.delivered,
+    "read": DeliveryStatus.delivered,
+    "undelivered": DeliveryStatus.undelivered,
+    "failed": DeliveryStatus.undelivered,
+}
+
+
+def signature(auth_token: str, url: str, params: Sequence[tuple[str, str]]) -> str:
+    """What Twilio sends as ``X-Twilio-Signature`` for a POST of ``params`` to ``url``."""
+    data = url + "".join(name + value for name, value in sorted(params))
+    digest = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def verify(
+    path: str, query: str, params: Sequence[tuple[str, str]], given: str | None, s: Settings
+) -> None:
+    if not s.twilio_auth_token or not s.events_public_url:
+        raise Refused(403, "NOTIFIER_TWILIO_AUTH_TOKEN or NOTIFIER_EVENTS_PUBLIC_URL is not set")
+    if not given:
+        raise Refused(401, "X-Twilio-Signature missing")
+    url = s.events_public_url.rstrip("/") + path + (f"?{query}" if query else "")
+    if not hmac.compare_digest(signature(s.twilio_auth_token, url, params), given):
+        raise Refused(403, "Twilio signature does not verify")
+
+
+def events(params: Sequence[tuple[str, str]]) -> list[Event]:
+    form = dict(params)
+    now = datetime.now(UTC)
+    if "MessageStatus" in form:
+        status = _STATUS.get(form["MessageStatus"])
+        if status is None:
+            return []
+        code = form.get("ErrorCode") or ""
+        opted_out = code == "21610"
+        detail = form["MessageStatus"] + (f" (error {code})" if code else "")
+        return [
+            Event(
+                provider="twilio",
+                channel="sms",
+                at=now,
+                status=status,
+                detail=detail,
+                recipient=form.get("To"),
+                provider_message_id=form.get("MessageSid"),
+                suppress="sms opt-out (twilio error 21610)" if opted_out else None,
+            )
+        ]
+    keyword = form.get("Body", "").strip().upper()
+    if keyword in OPT_OUT and form.get("From"):
+        return [
+            Event(
+                provider="twilio",
+                channel="sms",
+                at=now,
+                recipient=form["From"],
+                suppress=f"sms opt-out (replied {keyword})",
+            )
+        ]
+    return []
