@@ -178,7 +178,7 @@ MARK_SENT_SQL = to_psycopg(str(store.MARK_SENT))
 
 
 def claim_params(token: uuid.UUID, worker: str, batch: int) -> dict[str, Any]:
-    return {"token": token, "worker": worker, "lease_seconds": LEASE_SECONDS, "limit": batch}
+    return store.claim_parameters(token, worker, LEASE_SECONDS, batch, store.ReadLimits())
 
 
 def _mark_sent_values(

@@ -352,6 +352,21 @@ class ReadLimits:
         return 8 * self.max_payload_bytes + 1024
 
 
+def claim_parameters(
+    token: UUID, worker: str, lease_seconds: float, limit: int, limits: ReadLimits
+) -> dict[str, Any]:
+    """What ``CLAIM_DUE`` is run with (the benchmarks bind exactly this too)."""
+    return {
+        "token": token,
+        "worker": worker,
+        "lease_seconds": lease_seconds,
+        "limit": limit,
+        "max_body": limits.max_body_bytes,
+        "payload_cap": limits.payload_read_limit,
+        **_CLAIM_LIMITS,
+    }
+
+
 def claim_due(
     conn: Connection,
     *,
@@ -383,15 +398,7 @@ def claim_due(
             defect,
         )  # fmt: skip
 
-    params = {
-        "token": token,
-        "worker": worker,
-        "lease_seconds": lease_seconds,
-        "limit": limit,
-        "max_body": limits.max_body_bytes,
-        "payload_cap": limits.payload_read_limit,
-        **_CLAIM_LIMITS,
-    }
+    params = claim_parameters(token, worker, lease_seconds, limit, limits)
     with driver(conn).cursor(row_factory=lambda _cursor: notification) as cur:
         claimed = cur.execute(CLAIM_DUE, params).fetchall()
     claimed.sort(key=lambda n: (-n.priority, n.id))
