@@ -266,6 +266,8 @@ class AttemptOutcome(StrEnum):
     cancelled = "cancelled"
     #: its worker died before recording an outcome; taken back by the rescue
     rescued = "rescued"
+    #: an operator sent a dead row round again (``worker`` names them: ``console:<user>``)
+    requeued = "requeued"
 
 
 notification_attempts = Table(
@@ -282,7 +284,7 @@ notification_attempts = Table(
     Column("duration_ms", Integer),
     Column("provider", Text),
     CheckConstraint(
-        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued')",
+        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued', 'requeued')",
         name="notification_attempts_outcome",
     ),
     Index("notification_attempts_by_notification", "notification_id", "id"),

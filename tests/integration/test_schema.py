@@ -118,8 +118,8 @@ def test_migrate_rolls_back_to_a_revision_and_forward_again(
             exists = conn.execute(text("SELECT to_regclass('workers') IS NOT NULL")).scalar_one()
         return version, exists
 
-    assert version_and_workers_table() == ("0012", True)
+    assert version_and_workers_table() == ("0013", True)
     migrate(database_url, down_to="0011")
     assert version_and_workers_table() == ("0011", False)
     migrate(database_url)
-    assert version_and_workers_table() == ("0012", True)
+    assert version_and_workers_table() == ("0013", True)
