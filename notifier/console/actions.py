@@ -17,14 +17,14 @@ from typing import Any
 
 from jinja2 import TemplateError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from notifier import content, content_store, ops, ops_store, store
 from notifier.campaigns import CampaignError, Campaigns
 from notifier.console import filters, queries
 from notifier.console.app import console, page, post, refuse, render, session
-from notifier.console.pages import db, show
+from notifier.console.pages import db
 
 log = logging.getLogger("notifier.console")
 
@@ -94,9 +94,9 @@ async def act_on_row(request: Request, values: dict[str, str]) -> Response:
         "done" if done else "it was not in a state that allows it",
         extra={"event": f"console_{action}", "id": row_id, "changed": done},
     )
-    state = "dead" if action == "requeue" else "waiting to be sent"
-    message = f"{done_word.capitalize()}." if done else f"Nothing changed: it is no longer {state}."
-    return await show(request, message=message)
+    # Post/redirect/get: reloading the page shows the row, and does not post again.
+    outcome = done_word if done else "unchanged"
+    return RedirectResponse(f"/notifications/{row_id}?done={outcome}", status_code=303)
 
 
 # --- bulk ---------------------------------------------------------------------------------------

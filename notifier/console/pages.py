@@ -278,9 +278,17 @@ async def show(request: Request, *, revealed: bool = False, message: str | None 
     )
 
 
+#: What an action's redirect may say (``?done=``): fixed texts, never text from the URL.
+DONE = {
+    "requeued": "Requeued.",
+    "cancelled": "Cancelled.",
+    "unchanged": "Nothing changed: the row was no longer in a state that allows it.",
+}
+
+
 @page
 async def notification(request: Request) -> Response:
-    return await show(request)
+    return await show(request, message=DONE.get(request.query_params.get("done", "")))
 
 
 @post(admin=False)
