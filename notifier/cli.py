@@ -26,6 +26,7 @@ from notifier import (
     store,
     terminal,
 )
+from notifier.console import command as console_command
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ops_cli.add_parsers(sub)
     content_cli.add_parsers(sub)
+    console_command.add_parser(sub)
     return parser
 
 

@@ -290,6 +290,8 @@ class AttemptOutcome(StrEnum):
     bounced = "bounced"
     #: reported by the provider after the send: the recipient marked it as spam
     complained = "complained"
+    #: an operator sent a dead row round again (``worker`` names them: ``console:<user>``)
+    requeued = "requeued"
 
 
 notification_attempts = Table(
@@ -306,7 +308,7 @@ notification_attempts = Table(
     Column("duration_ms", Integer),
     Column("provider", Text),
     CheckConstraint(
-        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued',"
+        "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued', 'requeued',"
         " 'delivered', 'undelivered', 'bounced', 'complained')",
         name="notification_attempts_outcome",
     ),

@@ -283,6 +283,27 @@ class Settings(BaseSettings):
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""
 
+    console_users: str = ""
+    """Who may log in to ``notifier console``: ``name:hash:role`` entries separated by commas,
+    role ``admin`` or ``viewer``, hashes from ``notifier console hash-password``. Empty: the
+    console refuses to start."""
+
+    console_host: str = "127.0.0.1"
+    """The address ``notifier console`` listens on."""
+
+    console_port: int = Field(8090, gt=0, lt=65536)
+    """The port ``notifier console`` listens on."""
+
+    console_secure_cookie: bool = True
+    """Mark the session cookie ``Secure`` (sent over HTTPS only; browsers also send it to
+    ``http://localhost``). Turn off only to reach the console over plain HTTP on another name."""
+
+    console_session_minutes: float = Field(480.0, gt=0)
+    """How long a console login lasts."""
+
+    console_flower_url: str = ""
+    """Where the console's overview links to Flower (none when empty)."""
+
     @property
     def longest_send_seconds(self) -> float:
         """The longest one send can take before its provider's timeouts end it.
@@ -327,6 +348,14 @@ class Settings(BaseSettings):
         from notifier.ratelimit import parse_limits
 
         parse_limits(value)  # refuse a malformed spec at start-up, not at the first send
+        return value
+
+    @field_validator("console_users")
+    @classmethod
+    def _parse_console_users(cls, value: str) -> str:
+        from notifier.console.auth import parse_users
+
+        parse_users(value)
         return value
 
     @field_validator("webhook_allowed_networks", mode="before")

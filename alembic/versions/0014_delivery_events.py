@@ -9,18 +9,18 @@ Additive: three nullable columns, a wider CHECK on the attempt history, one part
 Workers of an older release never read or write them.
 
 Revision ID: 0014
-Revises: 0012 (re-linked to 0013 when both are merged)
+Revises: 0013
 Create Date: 2026-12-02
 """
 
 from alembic import op
 
 revision = "0014"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
-OUTCOMES = "'sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued'"
+OUTCOMES = "'sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued', 'requeued'"
 DELIVERY = "'delivered', 'undelivered', 'bounced', 'complained'"
 
 

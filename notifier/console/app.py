@@ -1,0 +1,217 @@
+"""The console's web application: Starlette, served by uvicorn, pages rendered by Jinja2.
+
+Every page needs a login; every POST needs the session's CSRF token (and, when the browser
+sends an ``Origin``, the console's own); actions need the ``admin`` role. Responses forbid
+framing, inline scripts and caching (a Content-Security-Policy of ``'self'`` only: row text
+that slipped past escaping still could not run). The access log written here names the
+method, the path without its query string, the status and the time taken; uvicorn's own, which
+prints query strings, is off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from notifier.console.auth import Role, Session, Sessions, User, csrf_ok
+from notifier.logs import mask_recipient
+
+log = logging.getLogger("notifier.console")
+
+COOKIE = "notifier_console"
+LOGIN_COOKIE = "notifier_console_login"
+#: The largest form the console reads (a template preview's sample payload is the biggest).
+MAX_FORM_BYTES = 256 * 1024
+
+HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+        b" connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    # Not no-referrer: under it Chromium sends "Origin: null" with same-origin form posts.
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+@dataclass
+class Console:
+    """What every request handler needs."""
+
+    engine: Engine
+    users: dict[str, User]
+    sessions: Sessions
+    secure_cookie: bool
+    flower_url: str = ""
+    env: Environment = field(init=False)
+    #: the overview's counts by status and channel, and when they were read (a full count of
+    #: a large table is too slow to run at every poll)
+    counts_cache: tuple[float, list[tuple[str, str, int]]] = (0.0, [])
+
+    def __post_init__(self) -> None:
+        self.env = Environment(
+            loader=PackageLoader("notifier.console", "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+        )
+        self.env.filters["mask"] = mask_recipient
+
+
+def console(request: Request) -> Console:
+    c: Console = request.app.state.console
+    return c
+
+
+def session(request: Request) -> Session | None:
+    return console(request).sessions.get(request.cookies.get(COOKIE))
+
+
+def render(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    s = session(request)
+    c = console(request)
+    html = c.env.get_template(template).render(
+        session=s,
+        csrf=s.csrf if s else "",
+        is_admin=s is not None and s.role is Role.admin,
+        flower_url=c.flower_url,
+        path=request.url.path,
+        **context,
+    )
+    return HTMLResponse(html, status_code=status_code)
+
+
+async def form(request: Request) -> dict[str, str]:
+    """The POSTed urlencoded form, first value of each field."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise ValueError("the form is too large")
+    return dict(reversed(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)))
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def page(handler: Handler) -> Handler:
+    """A page a logged-in user may see: without a login, to the login page."""
+
+    async def run(request: Request) -> Response:
+        if session(request) is None:
+            return RedirectResponse("/login", status_code=303)
+        return await handler(request)
+
+    return run
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None:  # an older browser, or a script: the token alone decides
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+FormHandler = Callable[[Request, dict[str, str]], Awaitable[Response]]
+
+
+def post(*, admin: bool) -> Callable[[FormHandler], Handler]:
+    """A form handler: login, CSRF token and origin checked, and with ``admin`` the role;
+    refused with 403 otherwise. The handler gets the form."""
+
+    def wrap(handler: FormHandler) -> Handler:
+        async def run(request: Request) -> Response:
+            s = session(request)
+            if s is None:
+                return refuse(request, "log in first", 403)
+            values = await form(request)
+            if not csrf_ok(s, values.get("csrf")) or not _same_origin(request):
+                return refuse(request, "the form's security token is missing or stale", 403)
+            if admin and s.role is not Role.admin:
+                log.warning("console %s was refused %s (viewer)", s.user, request.url.path)
+                return refuse(request, "your role may look but not act", 403)
+            response: Response = await handler(request, values)
+            return response
+
+        return run
+
+    return wrap
+
+
+def refuse(request: Request, why: str, status_code: int) -> HTMLResponse:
+    return render(request, "refused.html", status_code=status_code, why=why)
+
+
+class Guard:
+    """ASGI middleware: security headers on every response, and the access log."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 500
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            log.info(
+                "console %s %s %d %.0fms",
+                scope["method"],
+                scope["path"],
+                status,
+                (time.monotonic() - started) * 1000,
+                extra={"event": "console_request", "status": status},
+            )
+
+
+def create_app(
+    engine: Engine,
+    users: dict[str, User],
+    *,
+    secure_cookie: bool = True,
+    session_seconds: float = 8 * 3600,
+    flower_url: str = "",
+) -> Starlette:
+    """The console for ``users`` over ``engine``; refuses to exist without users."""
+    from notifier.console import actions, pages
+
+    if not users:
+        raise ValueError(
+            "the console has no users: set NOTIFIER_CONSOLE_USERS (hashes from"
+            " notifier console hash-password)"
+        )
+    routes: list[BaseRoute] = [
+        *pages.routes(),
+        *actions.routes(),
+        Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.console = Console(engine, users, Sessions(session_seconds), secure_cookie, flower_url)
+    app.add_middleware(Guard)
+    return app

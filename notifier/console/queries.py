@@ -1,0 +1,310 @@
+"""All SQL of the console: what its pages read, and the history rows its actions write.
+
+The console's actions themselves (requeue, cancel, pause, ...) go through the functions the
+``notifier`` command uses; here are only the reads and the one write those lack, the attempt
+row that says which operator did it.
+
+**The list stays fast on a large table** without an index of its own: rows come newest first
+by ``id`` (the primary key, walked backwards), a page at a time from the last id shown
+(keyset pagination: ``id < :before``), and a filter only drops rows from that walk, so a page
+costs what it takes to find its 50 rows. Time ranges become id ranges first (``id_at``): ids
+and ``created_at`` grow together, so a range costs a binary search over the primary key, not a
+scan. A filter that matches few rows over a long range still walks far: each list query runs
+under ``LIST_TIMEOUT``, and the page says to narrow the range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+#: Rows per page of the list.
+PAGE = 50
+#: How long one list query may run.
+LIST_TIMEOUT_MS = 5000
+#: How much older than its id's neighbours a row's ``created_at`` may be (the longest a
+#: producer's transaction stays open between its start and its INSERT); time ranges widen their
+#: id range by this much, then filter on ``created_at`` exactly.
+CREATED_SKEW = timedelta(hours=1)
+
+# --- overview -----------------------------------------------------------------------------------
+
+BY_STATUS_CHANNEL = text(
+    "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
+    " ORDER BY status, channel"
+)
+
+# Each served by a partial index (notifications_due, _lease, _dead).
+GAUGES = text(
+    """
+    SELECT (SELECT count(*) FROM notifications
+             WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
+           (SELECT extract(epoch FROM now() - min(next_attempt_at))::float8 FROM notifications
+             WHERE status = 'pending' AND next_attempt_at <= now()) AS lag_seconds,
+           (SELECT count(*) FROM notifications WHERE status = 'processing') AS processing,
+           (SELECT count(*) FROM notifications
+             WHERE status = 'processing' AND locked_until < now() + interval '1 minute')
+               AS leases_expiring,
+           (SELECT count(*) FROM notifications
+             WHERE status = 'dead' AND updated_at > now() - interval '1 hour') AS dead_last_hour
+    """
+)
+
+# One row per minute of the last hour, oldest first; served by notification_attempts_at.
+SENT_PER_MINUTE = text(
+    """
+    SELECT m.minute, count(a.id) FILTER (WHERE a.outcome = 'sent'),
+           count(a.id) FILTER (WHERE a.outcome IN ('retry', 'dead'))
+      FROM generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS m(minute)
+      LEFT JOIN notification_attempts a
+             ON a.at >= m.minute AND a.at < m.minute + interval '1 minute'
+     GROUP BY m.minute ORDER BY m.minute
+    """
+)
+
+# Heartbeats (migration 0012) and, for workers of older releases, the attempt history.
+WORKERS = text(
+    """
+    WITH recent AS (
+        SELECT worker, count(*) AS attempts, max(at) AS last_attempt
+          FROM notification_attempts
+         WHERE at > now() - interval '1 hour' AND worker NOT LIKE 'console:%'
+         GROUP BY worker)
+    SELECT coalesce(w.name, r.worker) AS name, w.started_at, w.last_seen,
+           w.alive_until > now() AS alive, coalesce(r.attempts, 0) AS attempts,
+           r.last_attempt,
+           (SELECT count(*) FROM notifications n
+             WHERE n.status = 'processing' AND n.claimed_by = coalesce(w.name, r.worker))
+             AS holding
+      FROM workers w FULL JOIN recent r ON r.worker = w.name
+     WHERE w.name IS NULL OR w.alive_until > now() - interval '1 hour'
+     ORDER BY alive DESC NULLS LAST, name
+    """
+)
+
+# --- the list -----------------------------------------------------------------------------------
+
+_LIST = """
+    SELECT n.id, n.status, n.channel, n.provider, n.recipient, n.subject, n.attempts,
+           n.max_attempts, n.next_attempt_at, left(n.last_error, 200) AS last_error,
+           c.name AS campaign, n.created_at, n.updated_at
+      FROM notifications n LEFT JOIN campaigns c ON c.id = n.campaign_id
+     WHERE {where}
+     ORDER BY {order} DESC
+     LIMIT :limit
+"""
+
+#: Each filter's condition; only those given are put into the query, so each plan is made for
+#: the filters at hand (no ``:x IS NULL OR ...``, which would keep an index from being used).
+CONDITIONS = {
+    "status": "n.status = :status",
+    "channel": "n.channel = :channel",
+    "provider": "n.provider = :provider",
+    "recipient": "n.recipient = :recipient",
+    "dedupe_key": "n.dedupe_key = :dedupe_key",
+    # by its id, looked up first: the planner then knows how many rows the campaign has and
+    # reads them through notifications_campaign_recipient instead of walking the table
+    "campaign_id": "n.campaign_id = :campaign_id",
+    "error": "n.last_error ILIKE '%' || :error || '%'",
+    "since": "n.created_at >= :since",
+    "until": "n.created_at < :until",
+    "min_id": "n.id >= :min_id",
+    "max_id": "n.id < :max_id",
+    "before": "n.id < :before",
+}
+
+FIRST_ID_FROM = text("SELECT id, created_at FROM notifications WHERE id >= :id ORDER BY id LIMIT 1")
+CAMPAIGN_ID = text("SELECT coalesce((SELECT id FROM campaigns WHERE name = :name), -1)")
+ID_RANGE = text("SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM notifications")
+LIST_TIMEOUT = text(f"SET LOCAL statement_timeout = {LIST_TIMEOUT_MS}")
+
+
+def list_query(params: Mapping[str, Any]) -> Any:
+    """The list's statement for the filters in ``params`` (a ``CONDITIONS`` key each)."""
+    where = " AND ".join(CONDITIONS[k] for k in CONDITIONS if params.get(k) is not None)
+    # A campaign's rows sit together in one stretch of ids, which the planner cannot know: it
+    # would walk the primary key from the newest row through every later one. "id + 0" keeps it
+    # from ordering by the key, so it reads the campaign's rows by their index and sorts them.
+    order = "n.id + 0" if params.get("campaign_id") is not None else "n.id"
+    return text(_LIST.format(where=where or "true", order=order))
+
+
+def list_rows(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Up to ``params['limit']`` rows matching the filters, newest first; under
+    ``LIST_TIMEOUT_MS`` (``OperationalError`` past it). Call inside a transaction."""
+    conn.execute(LIST_TIMEOUT)
+    given = _resolved(conn, params)
+    return [dict(r) for r in conn.execute(list_query(given), given).mappings()]
+
+
+def explain_list(conn: Connection, params: dict[str, Any]) -> str:
+    """The plan of ``list_rows`` for ``params``, as text."""
+    given = _resolved(conn, params)
+    stmt = text("EXPLAIN " + str(list_query(given)))
+    return "\n".join(r[0] for r in conn.execute(stmt, given))
+
+
+def _resolved(conn: Connection, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The given filters, a campaign's name replaced by its id (-1, matching nothing, if none)."""
+    given = {k: v for k, v in params.items() if v is not None and k != "campaign"}
+    if params.get("campaign") is not None:
+        name = params["campaign"]
+        given["campaign_id"] = int(conn.execute(CAMPAIGN_ID, {"name": name}).scalar_one())
+    return given
+
+
+def id_at(conn: Connection, at: datetime) -> int:
+    """The lowest id whose ``created_at`` is at or after ``at - CREATED_SKEW`` (so every row
+    created at ``at`` or later has an id at least this), found by a binary search over the
+    primary key that assumes ids grow with ``created_at``; one past the highest id if none."""
+    low, high = (int(x) for x in conn.execute(ID_RANGE).one())
+    high += 1
+    cut = at - CREATED_SKEW
+    while low < high:  # invariant: the answer is in [low, high]
+        mid = (low + high) // 2
+        row = conn.execute(FIRST_ID_FROM, {"id": mid}).first()
+        if row is None or row[1] >= cut:
+            high = mid
+        else:
+            low = int(row[0]) + 1
+    return low
+
+
+def id_after(conn: Connection, at: datetime) -> int:
+    """An id above every row created before ``at`` (see ``id_at``)."""
+    return id_at(conn, at + 2 * CREATED_SKEW)
+
+
+# --- one notification ---------------------------------------------------------------------------
+
+ONE = text(
+    """
+    SELECT n.*, c.name AS campaign_name
+      FROM notifications n LEFT JOIN campaigns c ON c.id = n.campaign_id
+     WHERE n.id = :id
+    """
+)
+
+HISTORY = text(
+    """
+    SELECT attempt, at, worker, provider, channel, outcome, error, duration_ms
+      FROM notification_attempts WHERE notification_id = :id ORDER BY id
+    """
+)
+
+# An operator's action in the row's history: the worker column names the operator.
+RECORD_ACTION = text(
+    """
+    INSERT INTO notification_attempts (notification_id, attempt, worker, channel, outcome, error)
+    SELECT id, attempts, :who, channel, :outcome, :reason FROM notifications WHERE id = :id
+    """
+)
+
+
+def notification(conn: Connection, row_id: int) -> dict[str, Any] | None:
+    row = conn.execute(ONE, {"id": row_id}).mappings().first()
+    return None if row is None else dict(row)
+
+
+def history(conn: Connection, row_id: int) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(HISTORY, {"id": row_id}).mappings()]
+
+
+def record_action(conn: Connection, row_id: int, who: str, outcome: str, reason: str) -> None:
+    """``outcome`` (``requeued``, ``cancelled``) by the console user ``who``, in the row's
+    history, in the caller's transaction (the one that changed the row)."""
+    params = {"id": row_id, "who": f"console:{who}", "outcome": outcome, "reason": reason}
+    conn.execute(RECORD_ACTION, params)
+
+
+# --- campaigns ----------------------------------------------------------------------------------
+
+# Counts through notifications_campaign_recipient; the rate from the last 10 minutes' attempts.
+CAMPAIGNS = text(
+    """
+    SELECT c.id, c.name, c.channel, c.status, c.created_at, c.launched_at,
+           k.enqueued, k.sent, k.retrying, k.dead, k.cancelled, k.waiting,
+           (SELECT count(*) FROM notification_attempts a JOIN notifications n
+                ON n.id = a.notification_id
+             WHERE a.at > now() - interval '10 minutes' AND a.outcome = 'sent'
+               AND n.campaign_id = c.id) / 10.0 AS sent_per_minute
+      FROM campaigns c
+      CROSS JOIN LATERAL (
+        SELECT count(*) AS enqueued,
+               count(*) FILTER (WHERE status = 'sent') AS sent,
+               count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+               count(*) FILTER (WHERE status = 'dead') AS dead,
+               count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+               count(*) FILTER (WHERE status IN ('pending', 'processing')) AS waiting
+          FROM notifications WHERE campaign_id = c.id) AS k
+     ORDER BY c.created_at DESC, c.id DESC
+     LIMIT 200
+    """
+)
+
+
+def campaigns(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(CAMPAIGNS).mappings()]
+
+
+# --- suppressions and templates -----------------------------------------------------------------
+
+SUPPRESSIONS = text(
+    """
+    SELECT channel, recipient, reason, created_at FROM suppressions
+     WHERE (CAST(:channel AS text) IS NULL OR channel = :channel)
+       AND (CAST(:recipient AS text) IS NULL
+            OR recipient = suppression_recipient(channel, :recipient))
+     ORDER BY created_at DESC, channel, recipient LIMIT 200
+    """
+)
+
+TEMPLATES = text(
+    "SELECT name, channel, locale, subject, body, html, updated_at FROM templates"
+    " ORDER BY name, channel, locale"
+)
+
+TEMPLATE = text(
+    "SELECT name, channel, locale, subject, body, html, updated_at FROM templates"
+    " WHERE name = :name AND channel = :channel AND locale = :locale"
+)
+
+
+def suppressions(conn: Connection, channel: str | None, recipient: str | None) -> list[Any]:
+    """The newest 200 entries, of one channel or all, or the one for ``recipient``."""
+    params = {"channel": channel, "recipient": recipient}
+    return [dict(r) for r in conn.execute(SUPPRESSIONS, params).mappings()]
+
+
+def templates(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(TEMPLATES).mappings()]
+
+
+def template(conn: Connection, name: str, channel: str, locale: str) -> dict[str, Any] | None:
+    params = {"name": name, "channel": channel, "locale": locale}
+    row = conn.execute(TEMPLATE, params).mappings().first()
+    return None if row is None else dict(row)
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    counts: list[tuple[str, str, int]]
+    gauges: dict[str, Any]
+    minutes: list[tuple[datetime, int, int]]
+    workers: list[dict[str, Any]]
+
+
+def gauges(conn: Connection) -> dict[str, Any]:
+    return dict(conn.execute(GAUGES).mappings().one())
+
+
+def overview(conn: Connection) -> Overview:
+    counts = [(s, c, int(n)) for s, c, n in conn.execute(BY_STATUS_CHANNEL).all()]
+    minutes = [(m, int(s), int(f)) for m, s, f in conn.execute(SENT_PER_MINUTE).all()]
+    workers = [dict(r) for r in conn.execute(WORKERS).mappings()]
+    return Overview(counts, gauges(conn), minutes, workers)
