@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,9 +28,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
+from notifier.cli import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.slow
 
@@ -420,18 +421,33 @@ def test_slow_worker_loses_its_lease(
     assert receiver.counts() == Counter({webhook_id: 2})
 
 
-def _postgres_cluster() -> list[str]:
-    versions = os.listdir("/etc/postgresql") if os.path.isdir("/etc/postgresql") else []
-    if os.geteuid() != 0 or not shutil.which("pg_ctlcluster") or len(versions) != 1:
-        pytest.skip("restarting PostgreSQL needs root and one local pg_ctlcluster cluster")
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[0], "main"]
+@pytest.fixture
+def own_postgres(services: Services) -> Iterator[tuple[PostgresServer, str, Engine]]:
+    """A PostgreSQL cluster of this test's own, migrated, that the worker and beat use: the
+    test restarts it, never the machine's server other test runs depend on."""
+    try:
+        server = PostgresServer().start()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot start a PostgreSQL cluster of the test's own: {exc}")
+    try:
+        url = f"{server.url}/notifier"
+        migrate(url)
+        services.env.update(NOTIFIER_DATABASE_URL=url)
+        eng = create_engine(url, pool_pre_ping=True)
+        yield server, url, eng
+        eng.dispose()
+    finally:
+        services.stop()
+        server.close()
 
 
 @pytest.mark.timeout(180)
 def test_postgres_restart_during_drain(
-    receiver: Receiver, engine: Engine, database_url: str, webhook_services: Services
+    receiver: Receiver,
+    webhook_services: Services,
+    own_postgres: tuple[PostgresServer, str, Engine],
 ) -> None:
-    cluster = _postgres_cluster()
+    server, database_url, engine = own_postgres
     services = webhook_services
     rows = 5000
     # Short enough that a claim whose commit was cut off is rescued within the test.
@@ -452,7 +468,7 @@ def test_postgres_restart_during_drain(
         wait_for(lambda: _by_status(engine).get("sent", 0) >= 500, 60, "the drain to be under way")
         before = _by_status(engine)
         restarted_at = time.monotonic()
-        subprocess.run([*cluster, "restart"], check=True, capture_output=True, timeout=60)
+        server.restart()
         restart_took = time.monotonic() - restarted_at
         # The fault happened: the probe's backend is gone and the server started again.
         with pytest.raises(psycopg.OperationalError):
