@@ -3,8 +3,8 @@
 One loop per process, made on first use: a Celery prefork pool forks its processes after import,
 and a loop made before a fork would have no thread in the child, so a child forgets what it
 inherited and makes its own. The dispatcher starts its asynchronous sends here
-(``notifier.sending``); a provider's blocking ``send`` may wait here for its own ``send_async``, so
-that both share one connection pool.
+(``notifier.delivery.sender``); a provider's blocking ``send`` may wait here for its own
+``send_async``, so that both share one connection pool.
 """
 
 from __future__ import annotations

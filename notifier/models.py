@@ -78,7 +78,7 @@ class Notification:
     priority: int = 0
     guard: str | None = None
     expires_at: datetime | None = None
-    #: the template to render instead of ``subject`` and ``body`` (see ``notifier.content``)
+    #: the template to render instead of ``subject`` and ``body`` (``notifier.delivery.prepare``)
     template: str | None = None
     #: the template's locale, e.g. ``de-AT``; ``NOTIFIER_DEFAULT_LOCALE`` when unset
     locale: str | None = None
@@ -337,3 +337,24 @@ workers = Table(
         " read by the rescue and notifier health."
     ),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt's entry in the history."""
+
+    id: int
+    attempt: int
+    channel: str
+    outcome: str
+    error: str | None
+    duration_ms: int | None
+    #: the provider that answered, when one was called
+    provider: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    id: int
+    error: str
+    at: datetime

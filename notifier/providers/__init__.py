@@ -34,7 +34,6 @@ __all__ = [
     "can_send_async",
     "chains",
     "load_registry",
-    "parse_failover",
     "provider_name",
     "registry_of",
 ]
@@ -55,20 +54,6 @@ def registry_of(providers: Iterable[Provider]) -> Registry:
 def load_registry() -> Registry:
     """Instantiate every provider registered under the ``notifier.providers`` entry points."""
     return plugins.load(ENTRY_POINT_GROUP, provider_name)
-
-
-def parse_failover(text: str) -> dict[str, list[str]]:
-    """``email=email,email_backup;sms=sms,sms_backup`` -> provider names by channel, in order."""
-    chains: dict[str, list[str]] = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        channel, sep, names = part.partition("=")
-        providers = [n.strip() for n in names.split(",") if n.strip()]
-        if not sep or not channel.strip() or not providers:
-            raise ValueError(
-                f"{part!r} is not channel=provider,provider..., e.g. email=email,email_backup"
-            )
-        chains[channel.strip()] = providers
-    return chains
 
 
 def chains(registry: Registry, failover: dict[str, list[str]]) -> dict[str, list[Provider]]:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import BatchReport, Dispatcher
+from notifier.delivery.dispatcher import BatchReport, Dispatcher
 from notifier.models import Notification
 from notifier.providers import Outcome, Registry, Sent, load_registry, registry_of
 from notifier.settings import Settings, get_settings

@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
-from notifier.ratelimit import RateLimiter
 from notifier.settings import Settings, get_settings
 from tests.raw_server import RawServer, read_request
 from tests.receiver import Receiver

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from notifier.campaigns import CampaignError, Campaigns
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings
 from tests.migrations import migrate
@@ -144,7 +144,7 @@ def test_a_launch_killed_half_way_is_finished_by_running_it_again(
 # Launches in chunks of 5,000, announcing the first committed chunk, then slowly goes on.
 _SLOW_LAUNCH = """
 import sys, time
-from notifier import store
+from notifier import db
 from notifier.campaigns import Campaigns
 first = True
 def progress(n):
@@ -153,7 +153,7 @@ def progress(n):
         print("chunk written", flush=True)
         first = False
     time.sleep(0.5)
-Campaigns(store.engine()).launch("spring", progress, chunk=5000)
+Campaigns(db.engine()).launch("spring", progress, chunk=5000)
 """
 
 

@@ -17,11 +17,12 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from notifier import content_cli, content_store
-from notifier.content import Content
-from notifier.dispatch import Dispatcher
+from notifier.cli import content as content_cli
+from notifier.db import content as content_db
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.outcomes import Cancelled
+from notifier.delivery.prepare import Content
 from notifier.models import Notification
-from notifier.outcomes import Cancelled
 from notifier.providers import registry_of
 from notifier.providers.base import Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
@@ -52,7 +53,7 @@ def note(id: int = 1, recipient: str = ANN, **fields: Any) -> Notification:
 
 def add_template(engine: Engine, locale: str = "en", channel: str = "email", **parts: str) -> None:
     with engine.begin() as conn:
-        content_store.upsert_template(
+        content_db.upsert_template(
             conn,
             parts.pop("name", "welcome"),
             channel,

@@ -7,7 +7,7 @@ from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry, registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import Engine, text
 
-from notifier import content_store
-from notifier.dispatch import Dispatcher
+from notifier.db import content as content_db
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.base import InvalidNotification, Sent
 from notifier.providers.email import EmailProvider
@@ -85,7 +85,7 @@ def test_an_encoded_word_in_a_payload_header_adds_no_header(
 def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tuple[str, str | None]:
     """Render ``Welcome, {{ name }}`` into a row's subject and dispatch it; its status, error."""
     with engine.begin() as conn:
-        content_store.upsert_template(
+        content_db.upsert_template(
             conn, "welcome", "email", "en", ("Welcome, {{ name }}", "Hello", None)
         )
         conn.execute(

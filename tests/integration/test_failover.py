@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
-from notifier.providers import chains, parse_failover, registry_of
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.providers import chains, registry_of
 from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
+from notifier.specs import parse_failover
 from tests.smtp_sink import SmtpSink
 
 Relays = tuple[EmailProvider, EmailProvider, SmtpSink, SmtpSink]

@@ -25,9 +25,9 @@ from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
 import notifier
-from notifier import guards
-from notifier.dispatch import RECHECK_AFTER, BatchReport, Dispatcher
-from notifier.guards import GuardError, HttpGuard, Send, Skip, Verdict
+from notifier.delivery import guards
+from notifier.delivery.dispatcher import RECHECK_AFTER, BatchReport, Dispatcher
+from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings

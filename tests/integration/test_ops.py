@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from notifier import ops
-from notifier.cli import main
+from notifier.cli.main import main
 from notifier.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -623,7 +623,7 @@ def test_a_purge_out_of_time_says_where_to_resume(
 def test_the_purge_task_runs_the_same_purge(
     db: Engine, aged: dict[str, int], redis_url: str
 ) -> None:
-    from notifier import tasks
+    from notifier.worker import tasks
 
     assert tasks.purge() == {"sent": 1, "dead": 1, "cancelled": 1}
     assert set(_statuses(db)) == set(aged.values()) - {

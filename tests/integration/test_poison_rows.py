@@ -16,11 +16,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.models import Notification
 from notifier.providers import Outcome, Sent, load_registry, registry_of
 from notifier.providers.null import NullProvider
-from notifier.ratelimit import RateLimiter
 from notifier.settings import Settings, get_settings
 from tests.receiver import Receiver
 

@@ -10,10 +10,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
-from notifier.ratelimit import RateLimiter, parse_limits
 from notifier.settings import Settings
+from notifier.specs import parse_limits
 
 
 def _take_for(url: str, spec: str, seconds: float, ready: Any, go: Any, results: Any) -> None:

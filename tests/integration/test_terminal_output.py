@@ -10,7 +10,7 @@ import sys
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier import terminal
+from notifier.cli import terminal
 
 HOSTILE = "a\x1b[2Jb\x1b]0;title\x07c\rd\u202ee\x9bf\x7f"
 #: What a terminal would act on; a newline only ends the command's own lines.

@@ -8,11 +8,11 @@ from uuid import uuid4
 
 import pytest
 
+from notifier.delivery.sender import Sender
 from notifier.models import Notification
 from notifier.providers import Outcome, Sent, can_send_async
 from notifier.providers.null import NullProvider
 from notifier.providers.webhook import WebhookProvider
-from notifier.sending import Sender
 from notifier.settings import Settings
 
 

@@ -37,25 +37,25 @@ from uuid import UUID, uuid4
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from notifier import guards as guards_module
-from notifier import store
-from notifier.content import Content
-from notifier.guards import GuardError, Skip
-from notifier.models import Notification
-from notifier.outcomes import Cancelled, Plan, Result, attempts_of, plan
+from notifier.db import queue
+from notifier.delivery import guards as guards_module
+from notifier.delivery.checks import check_common
+from notifier.delivery.guards import GuardError, Skip
+from notifier.delivery.outcomes import Cancelled, Plan, Result, attempts_of, plan
+from notifier.delivery.prepare import Content
+from notifier.delivery.retry import RetryPolicy
+from notifier.delivery.sender import Sender
+from notifier.models import Attempt, Notification
 from notifier.providers import (
     InvalidNotification,
     Permanent,
     Registry,
     Retry,
     chains,
-    parse_failover,
 )
 from notifier.providers.base import truncate
-from notifier.retry import RetryPolicy
-from notifier.sending import Sender
 from notifier.settings import Settings
-from notifier.validation import check_common
+from notifier.specs import parse_failover
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class SendingPaused(Exception):
 
 
 class Limiter(Protocol):
-    """Shared rate limits per provider (``notifier.ratelimit.RateLimiter``)."""
+    """Shared rate limits per provider (``notifier.delivery.ratelimit.RateLimiter``)."""
 
     def acquire(self, provider: str, count: int) -> tuple[int, float]: ...
 
@@ -135,7 +135,7 @@ class Dispatcher:
         stopping: threading.Event | None = None,
         guards: guards_module.Registry | None = None,
         limiter: Limiter | None = None,
-        observe: Callable[[list[store.Attempt]], None] = lambda attempts: None,
+        observe: Callable[[list[Attempt]], None] = lambda attempts: None,
         content: Content | None = None,
     ) -> None:
         self.engine = engine
@@ -154,7 +154,7 @@ class Dispatcher:
         self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
-        self._read_limits = store.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
+        self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
         self._chains = chains(registry, parse_failover(settings.failover))
         self._sender = Sender(self._chains, settings)
 
@@ -205,7 +205,7 @@ class Dispatcher:
             return report
         token = uuid4()
         with self.engine.begin() as conn:
-            claimed = store.claim_due(
+            claimed = queue.claim_due(
                 conn,
                 limit=self.settings.batch_size,
                 lease_seconds=self.settings.lease_seconds,
@@ -413,10 +413,10 @@ class Dispatcher:
         self, token: UUID, rows: list[Notification], report: BatchReport
     ) -> list[Notification]:
         """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
-        held, paused = self._write(lambda c: store.recheck(c, token, (n.id for n in rows)))
+        held, paused = self._write(lambda c: queue.recheck(c, token, (n.id for n in rows)))
         report.stale += sum(1 for n in rows if n.id not in held)
         if paused:
-            report.released += self._write(lambda c: store.park_claimed(c, token, paused))
+            report.released += self._write(lambda c: queue.park_claimed(c, token, paused))
         return [n for n in rows if n.id in held and n.id not in paused]
 
     def _grant(
@@ -496,7 +496,7 @@ class Dispatcher:
         if isinstance(verdict, Skip):
             return Cancelled(verdict.reason)
         # Asking took time: look once more that nobody cancelled the row meanwhile.
-        held, paused = self._write(lambda c: store.recheck(c, token, [n.id]))
+        held, paused = self._write(lambda c: queue.recheck(c, token, [n.id]))
         if n.id not in held:
             return Cancelled("cancelled while its guard was consulted")
         if n.id in paused:
@@ -514,14 +514,14 @@ class Dispatcher:
         reason: str | None = None,
     ) -> int:
         return self._write(
-            lambda c: store.release(c, token, ids, not_before=not_before, reason=reason)
+            lambda c: queue.release(c, token, ids, not_before=not_before, reason=reason)
         )
 
     def _record(
         self,
         token: UUID,
         decided: Plan,
-        history: list[store.Attempt],
+        history: list[Attempt],
         ended: dict[int, float],
         rows: list[Notification],
         results: dict[int, Result],
@@ -535,7 +535,7 @@ class Dispatcher:
             changed = _transitions(c, token, decided, ended, providers, sent_history)
             if recording:
                 others = [a for a in history if a.outcome != "sent"]
-                store.record_attempts(c, self.worker, others)
+                queue.record_attempts(c, self.worker, others)
             self.content.record_suppressions(c, rows, results)
             return changed
 
@@ -550,7 +550,7 @@ class Dispatcher:
         self,
         token: UUID,
         decided: Plan,
-        history: list[store.Attempt],
+        history: list[Attempt],
         ended: dict[int, float],
         rows: list[Notification],
         results: dict[int, Result],
@@ -626,9 +626,9 @@ def _transitions(
 ) -> int:
     """Every guarded transition of a plan; how many rows they changed."""
     return (
-        store.mark_sent(c, token, decided.sent, providers or {}, sent_history, sent_at=ended)
-        + store.schedule_retry(c, token, decided.retries)
-        + store.defer(c, token, decided.deferred)
-        + store.mark_dead(c, token, decided.dead)
-        + store.mark_cancelled(c, token, decided.cancelled)
+        queue.mark_sent(c, token, decided.sent, providers or {}, sent_history, sent_at=ended)
+        + queue.schedule_retry(c, token, decided.retries)
+        + queue.defer(c, token, decided.deferred)
+        + queue.mark_dead(c, token, decided.dead)
+        + queue.mark_cancelled(c, token, decided.cancelled)
     )

@@ -5,7 +5,7 @@ called with it and answers ``Send()`` or ``Skip(reason)``; a skipped row becomes
 with the reason in ``last_error``. A guard that cannot decide raises ``GuardError``, and the row
 is retried like any transient failure: never sent on a guess.
 
-Guards register in the ``notifier.guards`` entry-point group, like providers. Built in:
+Guards register in the ``notifier.delivery.guards`` entry-point group, like providers. Built in:
 ``http``, which asks the URL in ``NOTIFIER_GUARD_HTTP_URL``.
 """
 

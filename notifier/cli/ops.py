@@ -16,7 +16,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notifier import client, logs, ops, store, terminal
+from notifier import client, db, logs, ops
+from notifier.cli import terminal
+from notifier.cli.parsing import parse_duration, parse_when, whole_number
+from notifier.db import producers
 from notifier.models import Status
 from notifier.settings import get_settings
 
@@ -25,8 +28,6 @@ DECLINED = 3
 
 def add_parsers(sub: Any) -> None:
     """Add the operators' subcommands to the ``notifier`` parser's subparsers."""
-    # Imported here: notifier.cli imports this module before it defines them.
-    from notifier.cli import parse_duration, parse_when, whole_number
 
     def times(p: argparse.ArgumentParser, what: str) -> None:
         since = p.add_mutually_exclusive_group()
@@ -126,7 +127,7 @@ def _logged(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _stats(args: argparse.Namespace) -> int:
-    stats = ops.stats(store.engine(), args.minutes)
+    stats = ops.stats(db.engine(), args.minutes)
     q = stats.queue
     if args.json:
         terminal.json_line(
@@ -171,7 +172,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    story = ops.show(store.engine(), args.id)
+    story = ops.show(db.engine(), args.id)
     if story is None:
         print(f"no notification {args.id}", file=sys.stderr)
         return 1
@@ -218,7 +219,7 @@ def _requeue(args: argparse.Namespace) -> int:
         until=args.until,
         error=args.error,
     )
-    engine = store.engine()
+    engine = db.engine()
     count, snap = ops.count_requeue(engine, f)
     return _bulk(
         args,
@@ -250,7 +251,7 @@ def _cancel(args: argparse.Namespace) -> int:
         since=_since(args),
         until=args.until,
     )
-    engine = store.engine()
+    engine = db.engine()
     count, snap = ops.count_cancel(engine, f)
     return _bulk(
         args,
@@ -266,9 +267,9 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _cancel_one(args: argparse.Namespace) -> int:
     reason = args.reason
-    with store.engine().begin() as conn:
+    with db.engine().begin() as conn:
         if args.id is not None:
-            done = store.cancel_by_id(conn, args.id, reason)
+            done = producers.cancel_by_id(conn, args.id, reason)
             what = f"notification {args.id}"
         else:
             done = client.cancel(conn, args.key, reason)
@@ -348,7 +349,7 @@ def _progress(done: str) -> ops.Progress:
 def _purge(args: argparse.Namespace) -> int:
     settings = get_settings()
     report = ops.purge(
-        store.engine(),
+        db.engine(),
         settings,
         dry_run=args.dry_run,
         batch_size=args.batch_size,

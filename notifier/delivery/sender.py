@@ -28,8 +28,8 @@ from functools import partial
 from typing import cast
 
 from notifier import eventloop
+from notifier.delivery.outcomes import Result
 from notifier.models import Notification
-from notifier.outcomes import Result
 from notifier.providers import (
     AsyncProvider,
     Permanent,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from notifier import store
+from notifier import db
 from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Status
 
 
@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _campaigns() -> Campaigns:
-    return Campaigns(store.engine())
+    return Campaigns(db.engine())
 
 
 def _create(args: argparse.Namespace) -> int:

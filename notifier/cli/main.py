@@ -1,84 +1,26 @@
-"""The `notifier` command; operator commands live in ops_cli, campaign ones in campaign_cli."""
+"""The ``notifier`` command: its root, ``send``, ``migrate``, ``health`` and ``metrics``; the other
+command groups live beside it (``ops``, ``campaigns``, ``content``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
 
 import redis
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-from notifier import (
-    campaign_cli,
-    client,
-    content_cli,
-    health,
-    logs,
-    metrics,
-    ops_cli,
-    store,
-    terminal,
-)
+from notifier import client, db, health, logs, metrics
+from notifier.cli import campaigns as campaign_cli
+from notifier.cli import content as content_cli
+from notifier.cli import ops as ops_cli
+from notifier.cli import terminal
+from notifier.cli.parsing import parse_duration, parse_when
+from notifier.db import migrate
 from notifier.providers import load_registry
 from notifier.settings import get_settings
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.ASCII)
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-#: The longest duration any option takes: ten years reaches any row worth naming, and a time
-#: that far from now is still a date PostgreSQL and Python can both hold.
-MAX_DURATION = timedelta(days=3650)
-
-
-def _quoted(value: str) -> str:
-    """An argument as an error message shows it: quoted, cut short, control characters spelled."""
-    return terminal.shown(repr(value if len(value) <= 40 else value[:40] + "..."))
-
-
-def parse_duration(value: str) -> timedelta:
-    """``90s``, ``15m``, ``24h``, ``7d`` -> a timedelta, at most ``MAX_DURATION``."""
-    match = _DURATION.fullmatch(value.strip())
-    shown = _quoted(value)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"{shown} is not a duration: use a number and s, m, h or d (e.g. 24h)"
-        )
-    seconds = float(match[1]) * _UNITS[match[2]]
-    if seconds > MAX_DURATION.total_seconds():
-        raise argparse.ArgumentTypeError(f"{shown} is too long: at most {MAX_DURATION.days}d")
-    return timedelta(seconds=seconds)
-
-
-def whole_number(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from ``low`` to ``high``."""
-
-    def parse(value: str) -> int:
-        text = value.strip()
-        shown = _quoted(text)
-        if not re.fullmatch(r"-?\d+", text, re.ASCII):
-            raise argparse.ArgumentTypeError(f"{shown} is not a whole number")
-        if len(text) > 19 or not low <= int(text) <= high:
-            raise argparse.ArgumentTypeError(f"{shown} is out of range: {low} to {high}")
-        return int(text)
-
-    return parse
-
-
-def parse_when(value: str) -> datetime:
-    """An ISO 8601 time; without a zone it is taken as UTC."""
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not an ISO 8601 time (e.g. 2026-12-01T09:00:00+00:00)"
-        ) from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _payload(value: str) -> dict[str, object]:
@@ -91,56 +33,13 @@ def _payload(value: str) -> dict[str, object]:
     return data
 
 
-def alembic_dir() -> Path:
-    """The migrations: ``notifier/_migrations`` once installed from a wheel (pyproject.toml puts
-    them there), the repository's ``alembic/`` in a checkout or an editable install."""
-    package = Path(__file__).resolve().parent
-    for place in (package / "_migrations", package.parent / "alembic"):
-        if (place / "env.py").is_file():
-            return place
-    raise FileNotFoundError(f"notifier's migrations are missing from {package}: reinstall it")
-
-
-def migrate(database_url: str | None = None, *, down_to: str | None = None) -> None:
-    """Create the database if it does not exist, then upgrade it to the newest schema; or, with
-    ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
-    from alembic import command
-    from alembic.config import Config
-
-    url = make_url(database_url or get_settings().database_url)
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
-        ).first()
-        if not exists:
-            quoted = conn.dialect.identifier_preparer.quote(url.database or "notifier")
-            conn.execute(text(f"CREATE DATABASE {quoted}"))
-            print(f"created database {url.database}")
-    admin.dispose()
-
-    config = Config()
-    config.set_main_option("script_location", str(alembic_dir()))
-    config.attributes["configure_logging"] = False
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        if down_to is None:
-            command.upgrade(config, "head")
-        else:
-            command.downgrade(config, down_to)
-    engine.dispose()
-    where = "the newest schema" if down_to is None else f"revision {down_to}"
-    print(f"database {url.database} is at {where}")
-
-
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    migrate(down_to=args.down_to)
+    migrate.migrate(down_to=args.down_to)
     return 0
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
-    with store.engine().begin() as conn:
+    with db.engine().begin() as conn:
         result = client.enqueue(
             conn,
             channel=args.channel,
@@ -170,7 +69,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     checks = health.check(
-        store.engine(), client, settings, settings.heartbeat_file if args.worker else None
+        db.engine(), client, settings, settings.heartbeat_file if args.worker else None
     )
     client.close()
     if args.json:
@@ -185,7 +84,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     labels = metrics.Labels.of(load_registry())
-    metrics.serve(store.engine(), client, labels, args.port or settings.metrics_port, args.host)
+    metrics.serve(db.engine(), client, labels, args.port or settings.metrics_port, args.host)
     return 0
 
 
@@ -254,7 +153,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
