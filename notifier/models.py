@@ -358,3 +358,13 @@ class RetryAt:
     id: int
     error: str
     at: datetime
+
+
+def truncate(text: str, limit: int = 500) -> str:
+    """Keep error texts stored in ``last_error`` readable, bounded and storable: one line,
+    at most ``limit`` characters, and every character PostgreSQL cannot store or a terminal
+    would act on (NUL, other controls, lone surrogates, bidi overrides) shown as U+FFFD."""
+    text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

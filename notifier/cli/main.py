@@ -83,7 +83,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _cmd_metrics(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    labels = metrics.Labels.of(load_registry())
+    labels = metrics.Labels.of(load_registry(get_settings()))
     metrics.serve(db.engine(), client, labels, args.port or settings.metrics_port, args.host)
     return 0
 

@@ -45,7 +45,7 @@ from notifier.delivery.outcomes import Cancelled, Plan, Result, attempts_of, pla
 from notifier.delivery.prepare import Content
 from notifier.delivery.retry import RetryPolicy
 from notifier.delivery.sender import Sender
-from notifier.models import Attempt, Notification
+from notifier.models import Attempt, Notification, truncate
 from notifier.providers import (
     InvalidNotification,
     Permanent,
@@ -53,7 +53,6 @@ from notifier.providers import (
     Retry,
     chains,
 )
-from notifier.providers.base import truncate
 from notifier.settings import Settings
 from notifier.specs import parse_failover
 
@@ -249,9 +248,7 @@ class Dispatcher:
         self._sender.close()
         self.registry.close()
         for provider in self.registry.values():
-            shutdown = getattr(provider, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            provider.shutdown()
         self.guards.close()
 
     # -- the stages of a batch ------------------------------------------------------------------
@@ -448,9 +445,8 @@ class Dispatcher:
         429): those are handed back, due when the hold ends, without using up an attempt."""
         scopes: dict[int, str] = {}
         for n in queue:
-            scope_of = getattr(self._chains[n.channel][0], "throttle_scope", None)
-            scope = scope_of(n) if callable(scope_of) else None
-            if isinstance(scope, str):
+            scope = self._chains[n.channel][0].throttle_scope(n)
+            if scope is not None:
                 scopes[n.id] = scope
         if not scopes:
             return queue

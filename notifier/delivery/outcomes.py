@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from notifier.delivery.retry import RetryPolicy, next_attempt_at
-from notifier.models import Attempt, Notification, RetryAt
+from notifier.models import Attempt, Notification, RetryAt, truncate
 from notifier.providers import Outcome, Permanent, Sent
-from notifier.providers.base import truncate
 
 
 @dataclass(frozen=True, slots=True)

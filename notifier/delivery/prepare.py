@@ -51,8 +51,8 @@ from sqlalchemy import Connection, Engine
 
 from notifier.db import content as content_db
 from notifier.delivery.outcomes import Cancelled, Result
-from notifier.models import Notification
-from notifier.providers.base import Permanent, truncate
+from notifier.models import Notification, truncate
+from notifier.providers.base import Permanent
 from notifier.settings import Settings
 from notifier.specs import normalize_locale, parse_overrides
 

@@ -63,11 +63,11 @@ STOPPING = threading.Event()
 def _dispatcher() -> Dispatcher:
     dispatcher = Dispatcher(
         db.engine(),
-        load_registry(),
+        load_registry(get_settings()),
         get_settings(),
         gate=_redis_gate,
         stopping=STOPPING,
-        guards=guards.load_registry(),
+        guards=guards.load_registry(get_settings()),
         limiter=RateLimiter(_redis(), parse_limits(get_settings().rate_limits)),
         observe=_count,
     )

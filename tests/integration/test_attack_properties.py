@@ -280,7 +280,7 @@ def test_hostile_rows_never_hurt_good_rows(
         retry_base_seconds=0.01,
         webhook_timeout=1,
     )
-    dispatcher = Dispatcher(engine, load_registry(), config, limiter=limiter)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), config, limiter=limiter)
     try:
         first = dispatcher.run_once()  # never raises: an exception fails the test here
         with engine.begin() as conn:

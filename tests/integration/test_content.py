@@ -27,7 +27,7 @@ from notifier.providers import registry_of
 from notifier.providers.base import Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 from tests.smtp_sink import SmtpSink
 
 ANN = "ann@example.com"
@@ -70,7 +70,7 @@ def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...
 
 @pytest.fixture
 def email(smtp_sink: SmtpSink) -> Iterator[EmailProvider]:
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     yield provider
     provider.close()
 
@@ -448,7 +448,9 @@ def test_the_dispatcher_renders_suppresses_and_records_bounces(
                ('null', 'x', NULL, NULL, '{}', NULL, NULL)
         """,
     )
-    dispatcher = Dispatcher(engine, registry_of([EmailProvider(), NullProvider()]), settings)
+    dispatcher = Dispatcher(
+        engine, registry_of([EmailProvider(get_settings()), NullProvider(Settings())]), settings
+    )
     try:
         dispatcher.run_once()
         sql(

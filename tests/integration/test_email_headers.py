@@ -23,6 +23,7 @@ from notifier.providers import registry_of
 from notifier.providers.base import InvalidNotification, Sent
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings as NotifierSettings
+from notifier.settings import get_settings
 from tests.integration.test_email_provider import note
 from tests.smtp_sink import Received, SmtpSink
 from tests.unit.test_email_message import carryable, values
@@ -36,7 +37,7 @@ BASE += ["Content-Transfer-Encoding", "MIME-Version"]
 
 @pytest.fixture
 def provider(smtp_sink: SmtpSink) -> Iterator[EmailProvider]:
-    p = EmailProvider()
+    p = EmailProvider(get_settings())
     yield p
     p.close()
 
@@ -95,7 +96,7 @@ def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tup
             ),
             {"p": json.dumps({"name": name})},
         )
-    dispatcher = Dispatcher(engine, registry_of([EmailProvider()]), settings)
+    dispatcher = Dispatcher(engine, registry_of([EmailProvider(get_settings())]), settings)
     try:
         dispatcher.run_once()
     finally:

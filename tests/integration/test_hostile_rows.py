@@ -193,7 +193,7 @@ def test_hostile_rows_die_alone_and_inject_nothing(
         )
 
     dispatcher = Dispatcher(
-        engine, load_registry(), Settings(database_url=database_url, batch_size=100)
+        engine, load_registry(get_settings()), Settings(database_url=database_url, batch_size=100)
     )
     try:
         reports = dispatcher.drain(budget_seconds=300)

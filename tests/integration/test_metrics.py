@@ -16,7 +16,7 @@ from notifier import metrics
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.models import Attempt
 from notifier.providers import load_registry
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 
 
 def _free_port() -> int:
@@ -61,7 +61,7 @@ def test_counts_gauges_and_latency_after_known_outcomes(
                 " ('null', 'waiting', now() - interval '90 seconds')"
             )
         )
-    registry = load_registry()
+    registry = load_registry(get_settings())
     labels = metrics.Labels.of(registry)
     dispatcher = Dispatcher(
         engine,

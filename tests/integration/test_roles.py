@@ -120,7 +120,7 @@ def test_a_worker_dispatches_rescues_and_purges_but_writes_no_rows(
         )
     worker = db.make_engine(login("notifier_worker"))
     try:
-        dispatcher = Dispatcher(worker, registry_of([NullProvider()]), settings)
+        dispatcher = Dispatcher(worker, registry_of([NullProvider(Settings())]), settings)
         assert dispatcher.run_once().sent == 20
         dispatcher.close()
         with worker.begin() as conn:
