@@ -113,7 +113,9 @@ def unwritten(last: int, written: Iterable[tuple[int, int]], chunk: int) -> list
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class Progress:
+    """Where a campaign stands: the campaign, and its notifications by status."""
+
     campaign: CampaignRow
     counts: Counts
 
@@ -279,10 +281,10 @@ class Campaigns:
                 conn, campaign_id, CampaignStatus.running, [CampaignStatus.launching]
             )
 
-    def status(self, name: str) -> Status:
+    def status(self, name: str) -> Progress:
         with self.engine.connect() as conn:
             campaign = self._get(conn, name)
-            return Status(campaign, campaigns_db.counts(conn, campaign.id))
+            return Progress(campaign, campaigns_db.counts(conn, campaign.id))
 
     def pause(self, name: str) -> int:
         """Stop sending now; returns the rows held back. Sends already under way finish."""

@@ -14,7 +14,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Coroutine
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,11 +37,6 @@ def get() -> asyncio.AbstractEventLoop:
             started.wait()
             _loop, _thread = loop, thread
         return _loop
-
-
-def submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
-    """Schedule ``coro`` on the loop from any thread; its future can be waited on or cancelled."""
-    return asyncio.run_coroutine_threadsafe(coro, get())
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

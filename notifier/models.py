@@ -54,9 +54,6 @@ class Status(StrEnum):
     cancelled = "cancelled"
 
 
-FINAL_STATUSES = frozenset({Status.sent, Status.dead, Status.cancelled})
-
-
 @dataclass(frozen=True, slots=True)
 class Notification:
     """A claimed row, as a worker sees it while sending.
@@ -87,10 +84,6 @@ class Notification:
     #: why the row cannot be sent as written, found while reading it (a payload too deep to
     #: parse, a body over the limit): the row goes to ``dead`` with this reason, unsent
     defect: str | None = None
-
-    @property
-    def is_last_attempt(self) -> bool:
-        return self.attempts >= self.max_attempts
 
 
 metadata = MetaData()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from notifier import db
-from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Status
+from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Progress
 
 
 def add_parser(sub: Any) -> None:
@@ -179,14 +179,14 @@ def _watch(campaigns: Campaigns, name: str) -> int:
     return 0
 
 
-def _counts(status: Status) -> str:
+def _counts(status: Progress) -> str:
     c = status.counts
     return (
         f"enqueued {c.notifications}  sent {status.sent}  retrying {c.retrying}  dead {status.dead}"
     )
 
 
-def _summary(status: Status) -> str:
+def _summary(status: Progress) -> str:
     c = status.counts
     lines = [
         f"campaign {status.campaign.name!r} ({status.campaign.channel}): {status.campaign.status}",

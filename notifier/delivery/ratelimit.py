@@ -87,9 +87,6 @@ class RateLimiter:
         self._acquire = client.register_script(ACQUIRE)
         self._block = client.register_script(BLOCK)
 
-    def limited(self, provider: str) -> bool:
-        return provider in self._limits
-
     def acquire(self, provider: str, count: int) -> tuple[int, float]:
         """Take up to ``count`` sends for ``provider``: (granted, seconds until more)."""
         windows = self._limits.get(provider)
