@@ -62,6 +62,10 @@ def enqueue(
         raise ValueError("max_attempts must be at least 1")
     if expires_at is not None and expires_at.tzinfo is None:
         raise ValueError("expires_at must be timezone-aware")
+    if expires_at is not None and expires_at <= (send_at or datetime.now(UTC)):
+        raise ValueError("expires_at is not after the send time: the row would expire unsent")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
     row_id, created = producers.enqueue_row(
         conn,
         {

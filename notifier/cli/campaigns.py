@@ -157,8 +157,12 @@ def _status(args: argparse.Namespace) -> int:
 def _simple(args: argparse.Namespace) -> int:
     campaigns = _campaigns()
     count = getattr(campaigns, args.verb)(args.name)
-    said = {"pause": "held back", "resume": "released", "cancel": "cancelled"}[args.verb]
-    print(f"campaign {args.name!r}: {args.verb}d; {count} notifications {said}")
+    done, said = {
+        "pause": ("paused", "held back"),
+        "resume": ("resumed", "released"),
+        "cancel": ("cancelled", "cancelled"),
+    }[args.verb]
+    print(f"campaign {args.name!r}: {done}; {count} notifications {said}")
     return 0
 
 

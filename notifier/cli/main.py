@@ -4,13 +4,15 @@ command groups live beside it (``ops``, ``campaigns``, ``content``)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import metadata
 
 import redis
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from notifier import client, db, health, logs, metrics
 from notifier.cli import campaigns as campaign_cli
@@ -18,7 +20,7 @@ from notifier.cli import content as content_cli
 from notifier.cli import ops as ops_cli
 from notifier.cli import terminal
 from notifier.cli.parsing import parse_duration, parse_when
-from notifier.db import migrate
+from notifier.db import errors, migrate
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 
@@ -38,7 +40,32 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_channel(channel: str) -> None:
+    """Refuse a channel no installed provider serves, before a row is written for it."""
+    registry = load_registry(get_settings())
+    channels = sorted({p.channel for p in registry.values()})
+    registry.close()
+    if channel in channels:
+        return
+    close = difflib.get_close_matches(channel, channels, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"no provider serves channel {_shown(channel)} (installed: {', '.join(channels)}){hint}"
+    )
+
+
+def _shown(value: str) -> str:
+    return terminal.shown(repr(value))
+
+
 def _cmd_send(args: argparse.Namespace) -> int:
+    _check_channel(args.channel)
+    now = datetime.now(UTC)
+    send_at = args.at if args.at is not None else now + (args.delay or timedelta(0))
+    if args.expires_in is not None and now + args.expires_in <= send_at:
+        raise ValueError(
+            "--expires-in ends before the send time (--in or --at): the row would expire unsent"
+        )
     with db.engine().begin() as conn:
         result = client.enqueue(
             conn,
@@ -144,12 +171,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit statuses besides 0 (done), 1 (nothing matched), 2 (bad arguments or settings) and 3
+#: (the operator declined): the database cannot be reached, it does not exist, Redis cannot be
+#: reached.
+DATABASE_UNREACHABLE, DATABASE_MISSING, REDIS_UNREACHABLE = 4, 5, 6
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         logs.configure(get_settings())
         with terminal.guarded():
             return int(args.func(args))
+    except (OperationalError, InterfaceError) as exc:
+        line = errors.connection_problem(exc, get_settings().database_url)
+        if line is None:
+            raise
+        print(f"notifier: {terminal.shown(line)}", file=sys.stderr)
+        return DATABASE_MISSING if errors.database_missing(exc) else DATABASE_UNREACHABLE
+    except redis.ConnectionError as exc:
+        print(
+            f"notifier: cannot connect to Redis (NOTIFIER_REDIS_URL): {terminal.shown(exc)}",
+            file=sys.stderr,
+        )
+        return REDIS_UNREACHABLE
     except (ValueError, OSError) as exc:
         print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
         return 2

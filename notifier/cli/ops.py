@@ -86,7 +86,7 @@ def add_parsers(sub: Any) -> None:
         "the filters (times are when the rows were created).",
     )
     p.add_argument("key", nargs="?", help="the row's dedupe key")
-    p.add_argument("--id", type=int, help="the row's id")
+    p.add_argument("--id", type=int, action="append", default=[], help="this row (repeatable)")
     p.add_argument("--reason", default="cancelled by operator", help="stored in last_error")
     p.add_argument("--channel", action="append", default=[], help="this channel (repeatable)")
     p.add_argument("--campaign", help="rows of this campaign (by name)")
@@ -237,8 +237,8 @@ def _cancel(args: argparse.Namespace) -> int:
     filters = bool(
         args.channel or args.campaign or args.since or args.last or args.until or args.status
     )
-    if args.key is not None or args.id is not None:
-        if args.key is not None and args.id is not None:
+    if args.key is not None or args.id:
+        if args.key is not None and args.id:
             raise ValueError("give a key or --id, not both")
         if filters or args.all or args.dry_run:
             raise ValueError("a key or --id cancels one row: leave out filters, --all, --dry-run")
@@ -266,19 +266,23 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _cancel_one(args: argparse.Namespace) -> int:
+    """Cancel the row with this key, or each row of ``--id``; 1 if any was not waiting."""
     reason = args.reason
+    outcomes: list[tuple[str, bool]] = []
     with db.engine().begin() as conn:
-        if args.id is not None:
-            done = producers.cancel_by_id(conn, args.id, reason)
-            what = f"notification {args.id}"
+        if args.id:
+            for row_id in dict.fromkeys(args.id):
+                done = producers.cancel_by_id(conn, row_id, reason)
+                outcomes.append((f"notification {row_id}", done))
         else:
             done = client.cancel(conn, args.key, reason)
-            what = f"the notification with key {terminal.shown(repr(args.key))}"
-    if not done:
-        print(f"{what} was not waiting to be sent (no such row, or already finished)")
-        return 1
-    print(f"cancelled {what}")
-    return 0
+            outcomes.append((f"the notification with key {terminal.shown(repr(args.key))}", done))
+    for what, done in outcomes:
+        if done:
+            print(f"cancelled {what}")
+        else:
+            print(f"{what} was not waiting to be sent (no such row, or already finished)")
+    return 0 if all(done for _, done in outcomes) else 1
 
 
 def _need_a_filter(args: argparse.Namespace, given: object) -> None:
