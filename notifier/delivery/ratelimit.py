@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -76,6 +76,29 @@ for i, key in ipairs(KEYS) do
 end
 return 1
 """
+
+
+class Limiter(Protocol):
+    """What the dispatcher asks of rate limits: ``RateLimiter``, or ``NoLimits``."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]: ...
+
+    def block(self, provider: str, seconds: float) -> None: ...
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]: ...
+
+
+class NoLimits:
+    """Every send is granted at once."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]:
+        return count, 0.0
+
+    def block(self, provider: str, seconds: float) -> None:
+        return
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]:
+        return {}
 
 
 class RateLimiter:

@@ -32,7 +32,8 @@ import redis
 from celery import Celery, signals
 
 from notifier import db, eventloop, health, logs, metrics, ops
-from notifier.db import queue, workers
+from notifier.db import workers
+from notifier.db.rescue import rescue_expired
 from notifier.delivery import guards
 from notifier.delivery.dispatcher import Dispatcher, SendingPaused
 from notifier.delivery.ratelimit import RateLimiter
@@ -192,7 +193,7 @@ def _sigterm_stops_gracefully() -> Iterator[None]:
 def rescue() -> dict[str, int]:
     """Return rows whose worker died to ``pending`` (or ``dead``, if out of attempts)."""
     with db.engine().begin() as conn:
-        counts = queue.rescue_expired(conn)
+        counts = rescue_expired(conn)
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts

@@ -6,7 +6,7 @@ import uuid
 
 from sqlalchemy import Engine, text
 
-from notifier.db import queue
+from notifier.db import queue, rescue
 
 
 def _insert(engine: Engine, n: int = 1, **cols: object) -> list[int]:
@@ -40,7 +40,7 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
     with engine.begin() as conn:
         queue.claim_due(conn, limit=1, lease_seconds=60, token=old, worker="a")
         conn.execute(text("UPDATE notifications SET locked_until = now() - interval '1s'"))
-        assert queue.rescue_expired(conn) == {"pending": 1, "dead": 0}
+        assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         new = uuid.uuid4()
         assert len(queue.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
         assert queue.mark_sent(conn, old, {row_id: "late"}, {}) == 0

@@ -11,7 +11,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from notifier import health
-from notifier.db import queue
+from notifier.db import queue, rescue
 from notifier.settings import Settings
 from notifier.worker.heartbeat import Heartbeat
 
@@ -57,7 +57,7 @@ def _rows(engine: Engine) -> dict[int, tuple[str, int, str | None]]:
 
 def _rescue(engine: Engine) -> dict[str, int]:
     with engine.begin() as conn:
-        return queue.rescue_expired(conn)
+        return rescue.rescue_expired(conn)
 
 
 def test_a_gone_workers_rows_are_rescued_long_before_their_lease(engine: Engine) -> None:

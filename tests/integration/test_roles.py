@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from notifier import client, db, ops
 from notifier.campaigns import Campaigns
-from notifier.db import queue
+from notifier.db import rescue
 from notifier.db.migrate import alembic_dir
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
@@ -124,7 +124,7 @@ def test_a_worker_dispatches_rescues_and_purges_but_writes_no_rows(
         assert dispatcher.run_once().sent == 20
         dispatcher.close()
         with worker.begin() as conn:
-            assert queue.rescue_expired(conn) == {"pending": 1, "dead": 0}
+            assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         assert ops.purge(worker, settings).deleted["sent"] == 1
         for statement in (
             "INSERT INTO notifications (channel, recipient) VALUES ('null', 'x')",
