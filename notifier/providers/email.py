@@ -21,14 +21,7 @@ from email.utils import formatdate, parseaddr
 from typing import Any, ClassVar
 
 from notifier.models import Notification, truncate
-from notifier.providers.base import (
-    InvalidNotification,
-    Outcome,
-    Permanent,
-    Provider,
-    Retry,
-    Sent,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.email_message import (
     ADDRESS,
     build,

@@ -28,14 +28,7 @@ from google.auth import transport
 from google.oauth2 import service_account
 
 from notifier.models import Notification, truncate
-from notifier.providers.base import (
-    InvalidNotification,
-    Outcome,
-    Permanent,
-    Provider,
-    Retry,
-    Sent,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.http import SharedClient, parse_retry_after
 from notifier.settings import Settings
 

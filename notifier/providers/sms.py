@@ -26,14 +26,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from notifier.models import Notification, truncate
-from notifier.providers.base import (
-    InvalidNotification,
-    Outcome,
-    Permanent,
-    Provider,
-    Retry,
-    Sent,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.http import SharedClient, parse_retry_after
 from notifier.settings import Settings
 

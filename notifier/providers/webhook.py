@@ -33,14 +33,7 @@ import yarl
 
 from notifier import eventloop
 from notifier.models import Notification, truncate
-from notifier.providers.base import (
-    InvalidNotification,
-    Outcome,
-    Permanent,
-    Provider,
-    Retry,
-    Sent,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.http import parse_retry_after
 from notifier.providers.netguard import (
     AddressPolicy,
