@@ -26,7 +26,7 @@ from typing import IO, Any
 import psycopg
 import redis
 
-from notifier.cli import migrate
+from notifier.db.migrate import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 #: The server, without a database name (``postgresql://user@host:port``).

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import database_url, drop_databases, recreate_database, sqlalchemy_url
-from notifier.console import queries
+from notifier.db import console as queries
 
 DATABASE = "notifier_bench_console"
 

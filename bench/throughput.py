@@ -2,7 +2,7 @@
 
 What it measures
     1. **Raw ceiling**: plain psycopg loops that run only notifier's claim and mark-sent
-       statements (the SQL text of ``notifier.store.CLAIM_DUE`` and ``MARK_SENT``, with its
+       statements (the SQL text of ``notifier.db.queue.CLAIM_DUE`` and ``MARK_SENT``, with its
        ``:name`` parameters turned into psycopg's ``%(name)s``), batches of 500, one process
        per core (2), on a freshly migrated database (same table, indexes and trigger) holding
        ``--rows`` due rows. Rows per second, from the start signal to the last process done.
@@ -55,7 +55,7 @@ How to run it
     Development: ``--rows 20000 --rows-campaign 100000``. A full run takes about ten minutes,
     most of it (3) and the tuning of (4). Each measurement gets its
     own database ``notifier_bench_tp_<n>`` (dropped and recreated, migrated with
-    ``notifier.cli.migrate``; ``NOTIFIER_BENCH_POSTGRES``, default
+    ``notifier.db.migrate.migrate``; ``NOTIFIER_BENCH_POSTGRES``, default
     ``postgresql://postgres@127.0.0.1:5432``), dropped right after it unless ``--keep``. Redis
     db 13 (``NOTIFIER_BENCH_REDIS``) is flushed before each measurement and at the end. Workers
     run exactly as production runs them, from the repository root::
@@ -135,8 +135,9 @@ from bench.common import (
     wait_until,
     waker_listening,
 )
-from notifier import store
 from notifier.campaigns import Campaigns
+from notifier.db import queue
+from notifier.db.sql import for_driver, parameters
 
 REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/13")
 DATABASE_PREFIX = "notifier_bench_tp_"
@@ -151,7 +152,9 @@ WEBHOOK_DELAY = 0.05
 #: (5): the limit, the rows inserted, how long the bench watches and the window it judges.
 RATE = 500
 RATE_SPEC = f"null={RATE}/s"
-RATE_BURST = math.ceil(RATE / 10)  # notifier.ratelimit's default burst for a per-second window
+RATE_BURST = math.ceil(
+    RATE / 10
+)  # notifier.delivery.ratelimit's default burst for a per-second window
 RATE_ROWS = 15_000
 RATE_WATCH_SECONDS = 22.0
 RATE_WINDOW_SECONDS = 20
@@ -163,22 +166,12 @@ CAMPAIGN_SECONDS = 20.0
 WEBHOOK_TARGET = 2000.0
 RATE_TOLERANCE = 0.05
 
-_NAMED = re.compile(r"(?<![:\w]):(\w+)")
-
-
-def to_psycopg(sql: str) -> str:
-    """SQLAlchemy's ``:name`` parameters as psycopg's ``%(name)s`` (``::type`` casts kept)."""
-    if "%" in sql:
-        raise ValueError("the statement contains '%'; escape it before converting")
-    return _NAMED.sub(r"%(\1)s", sql)
-
-
-CLAIM_SQL = store.CLAIM_DUE  # written for the driver's cursor already
-MARK_SENT_SQL = to_psycopg(str(store.MARK_SENT))
+CLAIM_SQL = queue.CLAIM_DUE  # written for the driver's cursor already
+MARK_SENT_SQL = for_driver(str(queue.MARK_SENT))
 
 
 def claim_params(token: uuid.UUID, worker: str, batch: int) -> dict[str, Any]:
-    return store.claim_parameters(token, worker, LEASE_SECONDS, batch, store.ReadLimits())
+    return queue.claim_parameters(token, worker, LEASE_SECONDS, batch, queue.ReadLimits())
 
 
 def _mark_sent_values(
@@ -196,15 +189,11 @@ def _mark_sent_values(
     }
 
 
-def _parameters(sql: str) -> set[str]:
-    return set(_NAMED.findall(sql))
-
-
-_MARK_SENT_NAMES = _parameters(str(store.MARK_SENT))
+_MARK_SENT_NAMES = parameters(str(queue.MARK_SENT))
 
 
 def mark_sent_params(token: uuid.UUID, worker: str, ids: list[int]) -> dict[str, Any]:
-    """What ``notifier.store.mark_sent`` binds for these ``null`` rows: only the parameters the
+    """What ``notifier.db.queue.mark_sent`` binds for these ``null`` rows: only the parameters the
     current ``MARK_SENT`` names (``check_raw_statements`` refuses names the bench does not know,
     rather than measure something else)."""
     values = _mark_sent_values(token, worker, ids)
@@ -218,7 +207,7 @@ def check_raw_statements() -> None:
     unknown |= _MARK_SENT_NAMES - set(_mark_sent_values(uuid.uuid4(), "", []))
     if unknown:
         raise SetupError(
-            f"notifier.store.CLAIM_DUE/MARK_SENT now take {sorted(unknown)}; teach"
+            f"notifier.db.queue.CLAIM_DUE/MARK_SENT now take {sorted(unknown)}; teach"
             " bench/throughput.py's raw loop what notifier binds there"
         )
 

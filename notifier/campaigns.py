@@ -3,7 +3,7 @@
 A campaign is created as a draft; its audience (a CSV file, or an operator's SQL query) and
 its code pool (a file, or generated) are imported; ``launch`` then writes one notification per
 recipient in set-based chunks. Every step can be repeated: re-running a launch after a crash
-finishes it without a second row or a second code for anyone (see ``campaign_store``).
+finishes it without a second row or a second code for anyone (see ``notifier.db.campaigns``).
 
 Messages are filled from templates with ``{placeholders}``: ``{recipient}``, ``{code}`` and any
 audience field (a CSV column, a query column). Rendering happens inside the fan-out statement,
@@ -26,8 +26,9 @@ from typing import IO, Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from notifier import campaign_imports, campaign_store
-from notifier.campaign_store import CampaignRow, Counts
+from notifier.db import audience as audience_db
+from notifier.db import campaigns as campaigns_db
+from notifier.db.campaigns import CampaignRow, Counts
 from notifier.models import CampaignStatus
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -38,7 +39,7 @@ CHUNK = 50_000
 #: Fan-out statements run at once, each on a connection of its own: the database's work per
 #: row (heap and index writes) is what a launch waits on, and it spreads over server cores.
 PARALLEL = 2
-#: The most a launch may ask for: ``store.engine``'s pool holds 4 connections, and one holds
+#: The most a launch may ask for: ``db.engine``'s pool holds 4 connections, and one holds
 #: the launch's lock.
 MOST_PARALLEL = 3
 
@@ -112,7 +113,9 @@ def unwritten(last: int, written: Iterable[tuple[int, int]], chunk: int) -> list
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class Progress:
+    """Where a campaign stands: the campaign, and its notifications by status."""
+
     campaign: CampaignRow
     counts: Counts
 
@@ -150,9 +153,9 @@ class Campaigns:
         if max_attempts < 1:
             raise CampaignError("max_attempts must be at least 1")
         with self.engine.begin() as conn:
-            if campaign_store.by_name(conn, name) is not None:
+            if campaigns_db.by_name(conn, name) is not None:
                 raise CampaignError(f"a campaign named {name!r} exists already")
-            return campaign_store.create(
+            return campaigns_db.create(
                 conn,
                 {
                     "name": name,
@@ -168,16 +171,16 @@ class Campaigns:
     def import_audience(self, name: str, rows: IO[str], recipient_column: str = "recipient") -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            _, added = campaign_imports.import_audience(conn, campaign.id, rows, recipient_column)
+            _, added = audience_db.import_audience(conn, campaign.id, rows, recipient_column)
             return added
 
     def audience_from_query(self, name: str, query: str) -> int:
         with self.engine.begin() as conn:
-            return campaign_imports.audience_from_query(conn, self._get(conn, name).id, query)
+            return audience_db.audience_from_query(conn, self._get(conn, name).id, query)
 
     def import_codes(self, name: str, codes: Iterable[str]) -> int:
         with self.engine.begin() as conn:
-            return campaign_imports.import_codes(conn, self._get(conn, name).id, codes)
+            return audience_db.import_codes(conn, self._get(conn, name).id, codes)
 
     def generate_codes(self, name: str, count: int, length: int = 12) -> int:
         """Add ``count`` random codes (``length`` hex characters, from the operating system's
@@ -212,20 +215,20 @@ class Campaigns:
         with self.engine.begin() as conn:
             campaign_id = self._get(conn, name).id
         with self.engine.connect() as held:
-            campaign_store.lock_launch(held, campaign_id)
+            campaigns_db.lock_launch(held, campaign_id)
             held.commit()  # the lock is the session's: the connection waits outside a transaction
             try:
                 return self._launch(name, progress, chunk, parallel)
             finally:
                 with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
-                    campaign_store.unlock_launch(held, campaign_id)
+                    campaigns_db.unlock_launch(held, campaign_id)
                     held.commit()
 
     def _launch(self, name: str, progress: Callable[[int], None], chunk: int, parallel: int) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
-            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.launching, started):
+            if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.launching, started):
                 if campaign.status == CampaignStatus.cancelled:
                     raise CampaignError(
                         f"campaign {name!r} was cancelled, which is final: it cannot launch"
@@ -233,30 +236,30 @@ class Campaigns:
                     )
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
             self._check_ready(conn, campaign)
-            last, due = campaign_store.last_position(conn, campaign.id)
-            fresh = not campaign_store.has_rows(conn, campaign.id)
-            todo = unwritten(last, campaign_store.written_ranges(conn, campaign.id), chunk)
+            last, due = campaigns_db.last_position(conn, campaign.id)
+            fresh = not campaigns_db.has_rows(conn, campaign.id)
+            todo = unwritten(last, campaigns_db.written_ranges(conn, campaign.id), chunk)
         if not todo:
             self._launched(campaign.id)
             return 0
         with self.engine.begin() as conn:
-            campaign_store.analyze(conn)
+            campaigns_db.analyze(conn)
         rendered = render_sql(campaign.subject, campaign.body)
         payload = json.dumps({**campaign.payload, "campaign": campaign.name})
 
         def write(after: int, upto: int) -> int:
             with self.engine.begin() as conn:
-                status = campaign_store.hold_writes(conn, campaign.id, exclusive=False)
+                status = campaigns_db.hold_writes(conn, campaign.id, exclusive=False)
                 if status == CampaignStatus.cancelled:
                     raise CampaignError(
                         f"campaign {name!r} was cancelled while it launched; nothing more is"
                         " written, and every row written so far is cancelled"
                     )
                 when = None if status == CampaignStatus.paused else due
-                n = campaign_store.fan_out(
+                n = campaigns_db.fan_out(
                     conn, campaign, rendered, payload, when, after, upto, fresh
                 )
-                campaign_store.record_chunk(conn, campaign.id, after, upto, n)
+                campaigns_db.record_chunk(conn, campaign.id, after, upto, n)
                 return n
 
         written = 0
@@ -274,35 +277,35 @@ class Campaigns:
 
     def _launched(self, campaign_id: int) -> None:
         with self.engine.begin() as conn:
-            campaign_store.set_status(
+            campaigns_db.set_status(
                 conn, campaign_id, CampaignStatus.running, [CampaignStatus.launching]
             )
 
-    def status(self, name: str) -> Status:
+    def status(self, name: str) -> Progress:
         with self.engine.connect() as conn:
             campaign = self._get(conn, name)
-            return Status(campaign, campaign_store.counts(conn, campaign.id))
+            return Progress(campaign, campaigns_db.counts(conn, campaign.id))
 
     def pause(self, name: str) -> int:
         """Stop sending now; returns the rows held back. Sends already under way finish."""
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             # Chunks of a launch under way finish first; those after write their rows parked.
-            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
+            campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             movable = (CampaignStatus.launching, CampaignStatus.running)
-            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.paused, movable):
+            if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.paused, movable):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
-            return campaign_store.park(conn, campaign.id)
+            return campaigns_db.park(conn, campaign.id)
 
     def resume(self, name: str) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             # A chunk that saw the pause has committed its parked rows before they are unparked.
-            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
+            campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             paused = [CampaignStatus.paused]
-            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.running, paused):
+            if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.running, paused):
                 raise CampaignError(f"campaign {name!r} is {campaign.status}, not paused")
-            return campaign_store.unpark(conn, campaign.id)
+            return campaigns_db.unpark(conn, campaign.id)
 
     def cancel(self, name: str) -> int:
         """Cancel every unsent notification of the campaign, for good; returns how many.
@@ -313,17 +316,17 @@ class Campaigns:
         """
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            campaign_store.hold_writes(conn, campaign.id, exclusive=True)
+            campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             live = [s for s in CampaignStatus if s is not CampaignStatus.cancelled]
-            if not campaign_store.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
+            if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
                 raise CampaignError(f"campaign {name!r} is cancelled already")
-            return campaign_store.cancel_unsent(conn, campaign.id)
+            return campaigns_db.cancel_unsent(conn, campaign.id)
 
     # -- internals -------------------------------------------------------------------------------
 
     @staticmethod
     def _get(conn: Any, name: str) -> CampaignRow:
-        campaign = campaign_store.by_name(conn, name)
+        campaign = campaigns_db.by_name(conn, name)
         if campaign is None:
             raise CampaignError(f"no campaign named {name!r}; create it first")
         return campaign
@@ -333,14 +336,14 @@ class Campaigns:
         names = set(placeholders(campaign.subject) + placeholders(campaign.body))
         fields = sorted(names - set(_BUILT_IN))
         if fields:
-            missing = campaign_store.recipient_missing(conn, campaign.id, fields)
+            missing = campaigns_db.recipient_missing(conn, campaign.id, fields)
             if missing is not None:
                 raise CampaignError(
                     f"recipient {missing!r} has no value for one of the template's fields"
                     f" ({', '.join(fields)}); fix the audience and launch again"
                 )
         if "code" in names:
-            recipients, codes, given = campaign_store.pool_counts(conn, campaign.id)
+            recipients, codes, given = campaigns_db.pool_counts(conn, campaign.id)
             need, spare = recipients - given, codes - given
             if need:
                 raise CampaignError(

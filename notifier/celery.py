@@ -1,5 +1,5 @@
 """Lets ``celery -A notifier`` find the app."""
 
-from notifier.tasks import app
+from notifier.worker.tasks import app
 
 __all__ = ["app"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notifier import store
+from notifier.db import producers
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class Enqueued:
 
 
 def enqueue(
-    conn: store.ProducerConnection,
+    conn: producers.ProducerConnection,
     *,
     channel: str,
     to: str,
@@ -62,7 +62,11 @@ def enqueue(
         raise ValueError("max_attempts must be at least 1")
     if expires_at is not None and expires_at.tzinfo is None:
         raise ValueError("expires_at must be timezone-aware")
-    row_id, created = store.enqueue_row(
+    if expires_at is not None and expires_at <= (send_at or datetime.now(UTC)):
+        raise ValueError("expires_at is not after the send time: the row would expire unsent")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
+    row_id, created = producers.enqueue_row(
         conn,
         {
             "channel": channel,
@@ -83,10 +87,12 @@ def enqueue(
     return Enqueued(row_id, created)
 
 
-def cancel(conn: store.ProducerConnection, key: str, reason: str = "cancelled by producer") -> bool:
+def cancel(
+    conn: producers.ProducerConnection, key: str, reason: str = "cancelled by producer"
+) -> bool:
     """Cancel the unsent notification with this dedupe key; False if there was none.
 
     A row already claimed by a worker is cancelled too: the worker looks again right before
     sending. Only a send already under way at that moment still goes out.
     """
-    return store.cancel_by_key(conn, key, reason) is not None
+    return producers.cancel_by_key(conn, key, reason) is not None

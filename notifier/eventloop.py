@@ -3,8 +3,8 @@
 One loop per process, made on first use: a Celery prefork pool forks its processes after import,
 and a loop made before a fork would have no thread in the child, so a child forgets what it
 inherited and makes its own. The dispatcher starts its asynchronous sends here
-(``notifier.sending``); a provider's blocking ``send`` may wait here for its own ``send_async``, so
-that both share one connection pool.
+(``notifier.delivery.sender``); a provider's blocking ``send`` may wait here for its own
+``send_async``, so that both share one connection pool.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Coroutine
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,11 +37,6 @@ def get() -> asyncio.AbstractEventLoop:
             started.wait()
             _loop, _thread = loop, thread
         return _loop
-
-
-def submit(coro: Coroutine[Any, Any, T]) -> Future[T]:
-    """Schedule ``coro`` on the loop from any thread; its future can be waited on or cancelled."""
-    return asyncio.run_coroutine_threadsafe(coro, get())
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

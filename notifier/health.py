@@ -17,7 +17,8 @@ from typing import cast
 import redis
 from sqlalchemy import Engine
 
-from notifier import store, worker_store
+from notifier.db import ops as ops_db
+from notifier.db import workers
 from notifier.settings import Settings
 
 #: Redis key holding the Unix time of the last batch that claimed anything, on any worker.
@@ -44,7 +45,7 @@ def stale_after(settings: Settings) -> float:
     return settings.dispatch_interval + settings.task_soft_time_limit + 30
 
 
-def _gone_workers(gone: list[worker_store.GoneWorker]) -> Check:
+def _gone_workers(gone: list[workers.GoneWorker]) -> Check:
     """Rows held by workers whose heartbeat stopped: they wait for the rescue (beat, or any
     worker's dispatch), which should take them within seconds."""
     rows = sum(w.rows for w in gone)
@@ -68,8 +69,8 @@ def check(
     last_claim: float | None = None
     try:
         with engine.connect() as conn:
-            stats = store.queue_stats(conn)
-            gone = worker_store.held_by_gone(conn)
+            stats = ops_db.queue_stats(conn)
+            gone = workers.held_by_gone(conn)
         lag = stats.lag_seconds
         checks.append(Check("database", True, f"{stats.due} rows due, lag {lag:.1f}s"))
         if gone:

@@ -33,7 +33,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from notifier import store
+from notifier.db import ops as ops_db
+from notifier.models import Attempt
 from notifier.providers import Registry
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Labels:
         return "|".join(quote(part, safe="") for part in (*self.bound(channel, provider), last))
 
 
-def record(client: redis.Redis, attempts: Sequence[store.Attempt], labels: Labels) -> None:
+def record(client: redis.Redis, attempts: Sequence[Attempt], labels: Labels) -> None:
     """Count one batch's attempts, by channel, provider and outcome."""
     if not attempts:
         return
@@ -164,7 +165,7 @@ class NotifierCollector(Collector):
     def _gauges(self) -> Iterable[GaugeMetricFamily]:
         try:
             with self.engine.connect() as conn:
-                g = store.gauges(conn)
+                g = ops_db.gauges(conn)
         except Exception as exc:
             log.warning("metrics: database unreachable (%s); gauges left out", exc)
             return

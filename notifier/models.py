@@ -54,9 +54,6 @@ class Status(StrEnum):
     cancelled = "cancelled"
 
 
-FINAL_STATUSES = frozenset({Status.sent, Status.dead, Status.cancelled})
-
-
 @dataclass(frozen=True, slots=True)
 class Notification:
     """A claimed row, as a worker sees it while sending.
@@ -78,7 +75,7 @@ class Notification:
     priority: int = 0
     guard: str | None = None
     expires_at: datetime | None = None
-    #: the template to render instead of ``subject`` and ``body`` (see ``notifier.content``)
+    #: the template to render instead of ``subject`` and ``body`` (``notifier.delivery.prepare``)
     template: str | None = None
     #: the template's locale, e.g. ``de-AT``; ``NOTIFIER_DEFAULT_LOCALE`` when unset
     locale: str | None = None
@@ -87,10 +84,6 @@ class Notification:
     #: why the row cannot be sent as written, found while reading it (a payload too deep to
     #: parse, a body over the limit): the row goes to ``dead`` with this reason, unsent
     defect: str | None = None
-
-    @property
-    def is_last_attempt(self) -> bool:
-        return self.attempts >= self.max_attempts
 
 
 metadata = MetaData()
@@ -364,3 +357,34 @@ workers = Table(
         " read by the rescue and notifier health."
     ),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt's entry in the history."""
+
+    id: int
+    attempt: int
+    channel: str
+    outcome: str
+    error: str | None
+    duration_ms: int | None
+    #: the provider that answered, when one was called
+    provider: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    id: int
+    error: str
+    at: datetime
+
+
+def truncate(text: str, limit: int = 500) -> str:
+    """Keep error texts stored in ``last_error`` readable, bounded and storable: one line,
+    at most ``limit`` characters, and every character PostgreSQL cannot store or a terminal
+    would act on (NUL, other controls, lone surrogates, bidi overrides) shown as U+FFFD."""
+    text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,7 +1,7 @@
 """Day-two operations: what the queue is doing, one row's story, requeue, bulk cancel, purge.
 
-The command line (``notifier.ops_cli``) and the ``notifier.purge`` task call these; the SQL is
-in ``notifier.ops_store``. A bulk change is two steps, so an operator can confirm what they are
+The command line (``notifier.cli.ops``) and the ``notifier.purge`` task call these; the SQL is
+in ``notifier.db.ops``. A bulk change is two steps, so an operator can confirm what they are
 about to change: ``count_*`` returns how many rows match and a ``Snapshot``; ``requeue`` and
 ``cancel`` then change those rows (the ones that existed at the snapshot), in batches.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from notifier import ops_store, store
+from notifier.db import ops as ops_db
+from notifier.db.ops import Snapshot
 from notifier.models import Status
-from notifier.ops_store import Snapshot
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Minute:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    queue: store.QueueStats
+    queue: ops_db.QueueStats
     minutes: list[Minute]
 
     @property
@@ -69,8 +69,8 @@ class Stats:
 def stats(engine: Engine, minutes: int = 5) -> Stats:
     """Rows by status and channel, due rows and lag, and the outcomes of the last minutes."""
     with engine.connect() as conn:
-        queue = store.queue_stats(conn)
-        rows = ops_store.outcomes_per_minute(conn, minutes)
+        queue = ops_db.queue_stats(conn)
+        rows = ops_db.outcomes_per_minute(conn, minutes)
     last = len(rows) - 1
     return Stats(
         queue, [Minute(m, s, r, d, partial=i == last) for i, (m, s, r, d) in enumerate(rows)]
@@ -87,10 +87,10 @@ class Story:
 
 def show(engine: Engine, row_id: int) -> Story | None:
     with engine.connect() as conn:
-        row = ops_store.notification(conn, row_id)
+        row = ops_db.notification(conn, row_id)
         if row is None:
             return None
-        return Story(row, ops_store.history(conn, row_id))
+        return Story(row, ops_db.history(conn, row_id))
 
 
 # --- requeue and cancel -------------------------------------------------------------------------
@@ -144,8 +144,8 @@ class Change:
 def count_requeue(engine: Engine, f: DeadFilter) -> tuple[int, Snapshot]:
     """How many dead rows ``f`` matches now, and the snapshot ``requeue`` takes them from."""
     with engine.begin() as conn:
-        snap = ops_store.snapshot(conn)
-        return ops_store.count_dead(conn, f.params(snap)), snap
+        snap = ops_db.snapshot(conn)
+        return ops_db.count_dead(conn, f.params(snap)), snap
 
 
 def requeue(
@@ -160,8 +160,8 @@ def requeue(
     params = f.params(snap)
     return _in_batches(
         engine,
-        lambda c, after: ops_store.requeue_dead(c, params, after, batch_size),
-        lambda c: ops_store.count_dead(c, params),
+        lambda c, after: ops_db.requeue_dead(c, params, after, batch_size),
+        lambda c: ops_db.count_dead(c, params),
         batch_size,
         progress,
     )
@@ -173,8 +173,8 @@ def count_cancel(engine: Engine, f: WaitingFilter) -> tuple[int, Snapshot]:
     Raises ``ValueError`` for a campaign that does not exist.
     """
     with engine.begin() as conn:
-        snap = ops_store.snapshot(conn)
-        return ops_store.count_waiting(conn, _waiting_params(conn, f, snap)), snap
+        snap = ops_db.snapshot(conn)
+        return ops_db.count_waiting(conn, _waiting_params(conn, f, snap)), snap
 
 
 def cancel(
@@ -191,8 +191,8 @@ def cancel(
         params = _waiting_params(conn, f, snap)
     return _in_batches(
         engine,
-        lambda c, after: ops_store.cancel_waiting(c, params, reason, after, batch_size),
-        lambda c: ops_store.count_waiting(c, params),
+        lambda c, after: ops_db.cancel_waiting(c, params, reason, after, batch_size),
+        lambda c: ops_db.count_waiting(c, params),
         batch_size,
         progress,
     )
@@ -201,7 +201,7 @@ def cancel(
 def _waiting_params(conn: Connection, f: WaitingFilter, snap: Snapshot) -> dict[str, Any]:
     campaign_id = None
     if f.campaign is not None:
-        campaign_id = ops_store.campaign_id(conn, f.campaign)
+        campaign_id = ops_db.campaign_id(conn, f.campaign)
         if campaign_id is None:
             raise ValueError(f"no campaign named {f.campaign!r}")
     return {
@@ -286,12 +286,12 @@ def purge(
     """
     started = time.monotonic()
     with engine.connect() as conn:
-        now = ops_store.snapshot(conn).now
+        now = ops_db.snapshot(conn).now
         before = {
             str(s): now - timedelta(days=getattr(settings, name)) for s, name in RETENTION.items()
         }
         if dry_run:
-            deleted, attempts = ops_store.count_expired(conn, before)
+            deleted, attempts = ops_db.count_expired(conn, before)
             return Purge(before, _by_status(deleted), attempts, after, dry_run=True)
     result = Purge(before, _by_status({}), last_id=after)
     while True:
@@ -299,9 +299,7 @@ def purge(
             result.finished = False
             break
         with engine.begin() as conn:
-            deleted, attempts, last = ops_store.purge_expired(
-                conn, before, result.last_id, batch_size
-            )
+            deleted, attempts, last = ops_db.purge_expired(conn, before, result.last_id, batch_size)
         for status, n in deleted.items():
             result.deleted[status] += n
         result.attempts += attempts

@@ -5,8 +5,8 @@ A deployment adds its own in its package's metadata, e.g. in ``pyproject.toml``:
     [project.entry-points."notifier.providers"]
     sms = "mypkg.sms:SmsProvider"
 
-Each class is instantiated once per process with no arguments and reads its configuration
-from ``notifier.settings``. Two plugins under one name is a configuration error, raised at start.
+Each class is instantiated once per process with the process's ``Settings``, its one source of
+configuration. Two plugins under one name is a configuration error, raised at start.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Generic, Protocol, TypeVar
+
+from notifier.settings import Settings
 
 
 class Closeable(Protocol):
@@ -55,12 +57,12 @@ class Registry(Mapping[str, T], Generic[T]):
             plugin.close()
 
 
-def load(group: str, name_of: Callable[[T], str]) -> Registry[T]:
-    """Instantiate every class registered under the entry-point ``group``."""
+def load(group: str, name_of: Callable[[T], str], settings: Settings) -> Registry[T]:
+    """Instantiate every class registered under the entry-point ``group`` with ``settings``."""
     registry: Registry[T] = Registry(name_of)
     for ep in entry_points(group=group):
         cls = ep.load()
-        plugin = cls()
+        plugin = cls(settings)
         if name_of(plugin) != ep.name:
             raise ValueError(
                 f"entry point {ep.name!r} in {group} loads {cls.__qualname__}, which calls "

@@ -19,6 +19,14 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from notifier.specs import (
+    normalize_locale,
+    parse_failover,
+    parse_limits,
+    parse_overrides,
+    parse_users,
+)
+
 
 class SmtpTls(StrEnum):
     """How the SMTP connection is secured."""
@@ -180,15 +188,11 @@ class Settings(BaseSettings):
     @field_validator("default_locale")
     @classmethod
     def _normalize_locale(cls, value: str) -> str:
-        from notifier.content import normalize_locale
-
         return normalize_locale(value)
 
     @field_validator("override_recipients")
     @classmethod
     def _parse_overrides(cls, value: str) -> str:
-        from notifier.content import parse_overrides
-
         parse_overrides(value)  # refuse a malformed spec at start-up, not at the first send
         return value
 
@@ -337,24 +341,18 @@ class Settings(BaseSettings):
     @field_validator("failover")
     @classmethod
     def _parse_failover(cls, value: str) -> str:
-        from notifier.providers import parse_failover  # here, not at the top: an import cycle
-
         parse_failover(value)
         return value
 
     @field_validator("rate_limits")
     @classmethod
     def _parse_rate_limits(cls, value: str) -> str:
-        from notifier.ratelimit import parse_limits
-
         parse_limits(value)  # refuse a malformed spec at start-up, not at the first send
         return value
 
     @field_validator("console_users")
     @classmethod
     def _parse_console_users(cls, value: str) -> str:
-        from notifier.console.auth import parse_users
-
         parse_users(value)
         return value
 

@@ -16,8 +16,8 @@ import pytest
 import redis
 from sqlalchemy import Engine, create_engine, text
 
-from notifier import store
-from notifier.cli import migrate
+from notifier import db
+from notifier.db.migrate import migrate
 from notifier.settings import Settings, get_settings
 from tests.raw_server import Behaviour, RawServer
 from tests.redis_server import RedisServer
@@ -57,9 +57,9 @@ def database_url(template_database: str, monkeypatch: pytest.MonkeyPatch) -> Ite
     url = f"{POSTGRES}/{name}"
     monkeypatch.setenv("NOTIFIER_DATABASE_URL", url)
     get_settings.cache_clear()
-    store.dispose_engine()
+    db.dispose_engine()
     yield url
-    store.dispose_engine(close=True)
+    db.dispose_engine(close=True)
     get_settings.cache_clear()
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -68,7 +68,7 @@ def database_url(template_database: str, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
-    eng = store.make_engine(database_url)
+    eng = db.make_engine(database_url)
     yield eng
     eng.dispose()
 

@@ -10,7 +10,7 @@ def migrate(engine: Engine, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
 
-    from notifier.cli import alembic_dir
+    from notifier.db.migrate import alembic_dir
 
     config = Config()
     config.set_main_option("script_location", str(alembic_dir()))

@@ -2,7 +2,7 @@
 templates.
 
 Each goes through the function the ``notifier`` command uses for it (``notifier.ops``,
-``notifier.campaigns``, ``notifier.content_store``), after a confirmation page. A single row's
+``notifier.campaigns``, ``notifier.db.content``), after a confirmation page. A single row's
 requeue or cancel also writes an attempt row naming the operator (``console:<user>``), in the
 transaction that changed the row; bulk changes and campaign actions are logged with the user,
 what matched and what changed.
@@ -20,11 +20,16 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from notifier import content, content_store, ops, ops_store, store
+from notifier import ops
 from notifier.campaigns import CampaignError, Campaigns
-from notifier.console import filters, queries
+from notifier.console import filters
 from notifier.console.app import console, page, post, refuse, render, session
 from notifier.console.pages import db
+from notifier.db import console as queries
+from notifier.db import content as content_store
+from notifier.db import ops as ops_store
+from notifier.db import producers
+from notifier.delivery import prepare as content
 
 log = logging.getLogger("notifier.console")
 
@@ -78,7 +83,7 @@ async def act_on_row(request: Request, values: dict[str, str]) -> Response:
     elif action == "cancel":
 
         def work(conn: Any) -> bool:
-            done = store.cancel_by_id(conn, row_id, reason)
+            done = producers.cancel_by_id(conn, row_id, reason)
             if done:
                 queries.record_action(conn, row_id, user, done_word, reason)
             return done

@@ -21,7 +21,8 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from notifier.specs import Role, User, parse_hash
 
 #: scrypt's cost: 16 MiB of memory and about 50 ms per check on a server core.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
@@ -29,28 +30,8 @@ SALT_BYTES = 16
 KEY_BYTES = 32
 
 
-class Role(StrEnum):
-    """What a console user may do."""
-
-    #: everything a viewer may, and every action (requeue, cancel, pause, suppress, ...)
-    admin = "admin"
-    #: sees every page; every action is refused
-    viewer = "viewer"
-
-
-@dataclass(frozen=True, slots=True)
-class User:
-    name: str
-    password_hash: str
-    role: Role
-
-
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
@@ -62,51 +43,14 @@ def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
     return f"scrypt.{n}.{SCRYPT_R}.{SCRYPT_P}.{_b64(salt)}.{_b64(key)}"
 
 
-def _parse_hash(encoded: str) -> tuple[int, int, int, bytes, bytes]:
-    parts = encoded.split(".")
-    if len(parts) != 6 or parts[0] != "scrypt":
-        raise ValueError("is not a hash made by notifier console hash-password")
-    try:
-        n, r, p = (int(x) for x in parts[1:4])
-        salt, key = _unb64(parts[4]), _unb64(parts[5])
-    except ValueError:
-        raise ValueError("is not a hash made by notifier console hash-password") from None
-    if n < 2**10 or n & (n - 1) or not 0 < r <= 32 or not 0 < p <= 16 or len(key) < 16:
-        raise ValueError("has scrypt parameters too weak or malformed")
-    return n, r, p, salt, key
-
-
 def verify_password(password: str, encoded: str) -> bool:
     """Whether ``password`` matches ``encoded``, compared in constant time."""
-    n, r, p, salt, key = _parse_hash(encoded)
+    n, r, p, salt, key = parse_hash(encoded)
     # maxmem: OpenSSL's default (32 MiB) refuses n=2**15 and above.
     got = hashlib.scrypt(
         password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(key), maxmem=256 * n * r + 2**20
     )
     return hmac.compare_digest(got, key)
-
-
-def parse_users(spec: str) -> dict[str, User]:
-    """``NOTIFIER_CONSOLE_USERS`` -> users by name; ``ValueError`` naming the bad entry (by its
-    position and user name, never its hash)."""
-    users: dict[str, User] = {}
-    for position, entry in enumerate(filter(None, (e.strip() for e in spec.split(","))), 1):
-        parts = entry.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"entry {position} is not name:hash:role")
-        name, encoded, role = (p.strip() for p in parts)
-        if not name:
-            raise ValueError(f"entry {position} has no user name")
-        if role not in Role.__members__:
-            raise ValueError(f"user {name!r}: role must be admin or viewer, not {role!r}")
-        try:
-            _parse_hash(encoded)
-        except ValueError as exc:
-            raise ValueError(f"user {name!r}: the password hash {exc}") from None
-        if name in users:
-            raise ValueError(f"user {name!r} is listed twice")
-        users[name] = User(name, encoded, Role(role))
-    return users
 
 
 @functools.cache

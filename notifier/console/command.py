@@ -46,14 +46,14 @@ def run(args: argparse.Namespace) -> int:
 def serve(host: str | None = None, port: int | None = None) -> int:
     import uvicorn
 
-    from notifier import store
+    from notifier import db
     from notifier.console.app import create_app
     from notifier.console.auth import parse_users
     from notifier.settings import get_settings
 
     settings = get_settings()
     app = create_app(
-        store.make_engine(settings.database_url),
+        db.make_engine(settings.database_url),
         parse_users(settings.console_users),
         secure_cookie=settings.console_secure_cookie,
         session_seconds=settings.console_session_minutes * 60,

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from notifier.console import filters, queries
+from notifier.console import filters
 from notifier.console.app import (
     COOKIE,
     LOGIN_COOKIE,
@@ -28,6 +28,7 @@ from notifier.console.app import (
     session,
 )
 from notifier.console.auth import authenticate
+from notifier.db import console as queries
 
 log = logging.getLogger("notifier.console")
 

@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from notifier.events import mailgun, postmark, sendgrid, sns, twilio, unsubscribe
+from notifier import unsubscribe
+from notifier.events import mailgun, postmark, sendgrid, sns, twilio
 from notifier.events.model import Event, Refused, parse_json
 from notifier.events.state import Applier
 from notifier.settings import Settings

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy import Engine
 
-from notifier.events import queries
+from notifier.db import events as queries
 from notifier.events.model import Event
-from notifier.providers.base import truncate
+from notifier.models import truncate
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)

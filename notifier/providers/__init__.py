@@ -9,7 +9,6 @@ from collections.abc import Iterable
 
 from notifier import plugins
 from notifier.providers.base import (
-    AsyncProvider,
     InvalidNotification,
     Outcome,
     Permanent,
@@ -18,12 +17,12 @@ from notifier.providers.base import (
     Sent,
     can_send_async,
 )
+from notifier.settings import Settings
 
 ENTRY_POINT_GROUP = "notifier.providers"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
-    "AsyncProvider",
     "InvalidNotification",
     "Outcome",
     "Permanent",
@@ -34,7 +33,6 @@ __all__ = [
     "can_send_async",
     "chains",
     "load_registry",
-    "parse_failover",
     "provider_name",
     "registry_of",
 ]
@@ -43,8 +41,8 @@ Registry = plugins.Registry[Provider]
 
 
 def provider_name(provider: Provider) -> str:
-    """A provider's own name: its ``name`` attribute, or its channel's when it has none."""
-    return str(getattr(provider, "name", provider.channel))
+    """A provider's own name: its ``name``, or its channel's when it has none."""
+    return provider.name or provider.channel
 
 
 def registry_of(providers: Iterable[Provider]) -> Registry:
@@ -52,23 +50,9 @@ def registry_of(providers: Iterable[Provider]) -> Registry:
     return plugins.Registry(provider_name, providers)
 
 
-def load_registry() -> Registry:
+def load_registry(settings: Settings) -> Registry:
     """Instantiate every provider registered under the ``notifier.providers`` entry points."""
-    return plugins.load(ENTRY_POINT_GROUP, provider_name)
-
-
-def parse_failover(text: str) -> dict[str, list[str]]:
-    """``email=email,email_backup;sms=sms,sms_backup`` -> provider names by channel, in order."""
-    chains: dict[str, list[str]] = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        channel, sep, names = part.partition("=")
-        providers = [n.strip() for n in names.split(",") if n.strip()]
-        if not sep or not channel.strip() or not providers:
-            raise ValueError(
-                f"{part!r} is not channel=provider,provider..., e.g. email=email,email_backup"
-            )
-        chains[channel.strip()] = providers
-    return chains
+    return plugins.load(ENTRY_POINT_GROUP, provider_name, settings)
 
 
 def chains(registry: Registry, failover: dict[str, list[str]]) -> dict[str, list[Provider]]:

@@ -9,18 +9,19 @@ A provider never touches the database or Redis. It answers each send with one of
 ``validate`` runs before any network call; it raises ``InvalidNotification`` with a message that
 tells the producer what to fix, and the row goes to ``dead`` after that one attempt.
 
-A provider that can also send without a thread offers ``send_async`` (``AsyncProvider``): the
-dispatcher then runs many of its sends at once on the worker process's event loop, where each
-costs far less than a thread of its own.
+A provider that can also send without a thread overrides ``send_async``: the dispatcher then
+runs many of its sends at once on the worker process's event loop, where each costs far less
+than a thread of its own.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar
 
 from notifier.models import Notification
+from notifier.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,53 +56,61 @@ class InvalidNotification(ValueError):
     """The row can never be sent as written; the message says what the producer must fix."""
 
 
-@runtime_checkable
-class Provider(Protocol):
-    """A way to deliver one channel's notifications.
+class Provider:
+    """A way to deliver one channel's notifications. Subclass it and override ``send``; every
+    other method has a default that does nothing, for a provider that needs nothing more.
 
-    ``send`` may be called from several threads at once; ``close`` is called after every batch
-    and releases what the sends of that batch kept open (e.g. SMTP connections). A provider may
-    also have ``shutdown()``, called when its worker process stops (``Dispatcher.close``), to
-    close what it keeps across batches, such as a pool of keep-alive connections.
-    """
+    ``send`` may be called from several threads at once. ``close`` is called after every batch
+    and releases what the sends of that batch kept open (e.g. SMTP connections); ``shutdown``
+    when its worker process stops (``Dispatcher.close``), to close what it keeps across batches,
+    such as a pool of keep-alive connections.
 
-    channel: ClassVar[str]
-
-    def validate(self, notification: Notification) -> None: ...
-
-    def send(self, notification: Notification) -> Outcome: ...
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class AsyncProvider(Provider, Protocol):
-    """A provider whose sends can also run as coroutines on the worker's event loop.
-
-    The dispatcher awaits ``send_async`` (on ``notifier.eventloop``'s loop) for a row that names
-    no guard and whose channel's providers, failover ones included, all offer it; other rows go
-    through ``send`` in a thread. ``send_async`` answers exactly like ``send``, and:
+    A provider that can also send without a thread overrides ``send_async``, a coroutine: the
+    dispatcher awaits it (on ``notifier.eventloop``'s loop) for a row that names no guard and
+    whose channel's providers, failover ones included, all override it; other rows go through
+    ``send`` in a thread. ``send_async`` answers exactly like ``send``, and:
 
     * never blocks the loop: no blocking I/O (resolve names in an executor), no long computation;
     * bounds itself with a total timeout of at most ``Settings.longest_send_seconds``, so that it
       ends by itself like ``send`` does through its connect and read timeouts;
     * may be cancelled at any ``await`` (``asyncio.CancelledError``): the dispatcher cancels the
       sends still running ``longest_send_seconds`` after its deadline, and retries their rows.
+
+    Every provider is made with the process's ``Settings`` (``load_registry``) and reads its
+    configuration from them, never from the environment.
     """
 
-    async def send_async(self, notification: Notification) -> Outcome: ...
+    channel: ClassVar[str]
+    #: the provider's name in the registry, failover chains and metrics; its channel's if empty
+    name: str = ""
+    #: does no I/O: the dispatcher calls it inline rather than through its thread pool
+    inline: ClassVar[bool] = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def validate(self, notification: Notification) -> None:
+        """Raise ``InvalidNotification`` if the row can never be sent as written."""
+
+    def send(self, notification: Notification) -> Outcome:
+        raise NotImplementedError
+
+    async def send_async(self, notification: Notification) -> Outcome:
+        raise NotImplementedError
+
+    def throttle_scope(self, notification: Notification) -> str | None:
+        """Who would ask to slow down for this row, when not the provider as a whole (one
+        webhook receiver): a 429 from it holds back only the rows of that scope."""
+        return None
+
+    def close(self) -> None:
+        """Release what the sends of the last batch kept open."""
+
+    def shutdown(self) -> None:
+        """Release what the provider keeps across batches; its worker process is stopping."""
 
 
 def can_send_async(provider: Provider) -> bool:
-    """Whether ``provider`` offers a real coroutine ``send_async`` (see ``AsyncProvider``)."""
-    return isinstance(provider, AsyncProvider) and inspect.iscoroutinefunction(provider.send_async)
-
-
-def truncate(text: str, limit: int = 500) -> str:
-    """Keep error texts stored in ``last_error`` readable, bounded and storable: one line,
-    at most ``limit`` characters, and every character PostgreSQL cannot store or a terminal
-    would act on (NUL, other controls, lone surrogates, bidi overrides) shown as U+FFFD."""
-    text = " ".join(text.split())
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else "\ufffd" for c in text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Whether ``provider`` overrides ``send_async`` with a real coroutine."""
+    method = type(provider).send_async
+    return method is not Provider.send_async and inspect.iscoroutinefunction(method)

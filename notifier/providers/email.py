@@ -14,7 +14,7 @@ names it in ``X-Notifier-Id: {id}`` and in the metadata headers the common relay
 their events: ``X-Mailgun-Variables`` (Mailgun's ``user-variables``), ``X-SMTPAPI``
 ``unique_args`` (SendGrid) and ``X-PM-Metadata-notifier-id`` (Postmark); a row's own header of
 one of those names wins over notifier's. Campaign rows and rows whose ``payload.unsubscribe``
-is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.events.unsubscribe``)
+is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.unsubscribe``)
 unless the row sets its own ``List-Unsubscribe``.
 """
 
@@ -29,9 +29,9 @@ import threading
 from email.utils import formatdate, parseaddr
 from typing import Any, ClassVar
 
-from notifier.events import unsubscribe
-from notifier.models import Notification
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier import unsubscribe
+from notifier.models import Notification, truncate
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.email_message import (
     ADDRESS,
     build,
@@ -39,7 +39,7 @@ from notifier.providers.email_message import (
     check_text,
     parse_mailbox,
 )
-from notifier.settings import SmtpTls, get_settings
+from notifier.settings import Settings, SmtpTls
 
 _ADDRESS = re.compile(ADDRESS)
 _HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
@@ -55,7 +55,7 @@ _ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.(\d{1,3})(?!\d)")
 _MAILBOX_CODES = frozenset({550, 551, 553})
 
 
-class EmailProvider:
+class EmailProvider(Provider):
     """Sends through the SMTP server of ``NOTIFIER_SMTP_*``; safe to call from many threads.
 
     Idle connections wait in a small pool between sends; a send takes one (or opens one) and
@@ -64,8 +64,9 @@ class EmailProvider:
 
     channel: ClassVar[str] = "email"
 
-    def __init__(self) -> None:
-        self._settings = s = get_settings()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._settings = s = settings
         self._where = f"{s.smtp_host}:{s.smtp_port}"
         self._sender = parseaddr(s.email_from)[1] or s.email_from
         _, at, domain = self._sender.rpartition("@")

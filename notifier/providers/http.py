@@ -1,9 +1,12 @@
-"""The blocking HTTP client a provider shares between its send threads."""
+"""What the HTTP providers share: one blocking client for their send threads, and reading a
+``Retry-After``."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 import httpx
 
@@ -31,3 +34,19 @@ class SharedClient:
             client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP-date); ``None`` if unusable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        at = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if at.tzinfo is None:  # "-0000" dates parse naive; HTTP-dates are always GMT
+        at = at.replace(tzinfo=UTC)
+    return max(0.0, (at - (now or datetime.now(UTC))).total_seconds())

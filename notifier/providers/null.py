@@ -5,19 +5,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from notifier.models import Notification
-from notifier.providers.base import Outcome, Sent
+from notifier.providers.base import Outcome, Provider, Sent
 
 
-class NullProvider:
+class NullProvider(Provider):
     channel: ClassVar[str] = "null"
-    #: does no I/O: the dispatcher calls it inline rather than through its thread pool
     inline: ClassVar[bool] = True
-
-    def validate(self, notification: Notification) -> None:
-        return None
 
     def send(self, notification: Notification) -> Outcome:
         return Sent(f"null-{notification.id}")
-
-    def close(self) -> None:
-        return None

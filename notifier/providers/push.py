@@ -29,11 +29,10 @@ from google.auth import exceptions as auth_errors
 from google.auth import transport
 from google.oauth2 import service_account
 
-from notifier.models import Notification
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
-from notifier.providers.http import SharedClient
-from notifier.providers.webhook import parse_retry_after
-from notifier.settings import Settings, get_settings
+from notifier.models import Notification, truncate
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
+from notifier.providers.http import SharedClient, parse_retry_after
+from notifier.settings import Settings
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 MAX_TOKEN_LENGTH = 4096
@@ -110,7 +109,7 @@ class _TokenResponse:
     data: bytes
 
 
-class PushProvider:
+class PushProvider(Provider):
     """Sends through one ``httpx.Client`` (FCM and the token endpoint) shared by all threads.
 
     Nothing is read before the first send, so a deployment without push still starts; until
@@ -119,8 +118,9 @@ class PushProvider:
 
     channel: ClassVar[str] = "push"
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self._settings = settings or get_settings()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._settings = settings
         self._timeout = self._settings.push_timeout
         self._client = SharedClient(
             lambda: httpx.Client(timeout=httpx.Timeout(self._timeout), follow_redirects=False)

@@ -25,11 +25,10 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from notifier.models import Notification
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
-from notifier.providers.http import SharedClient
-from notifier.providers.webhook import parse_retry_after
-from notifier.settings import Settings, get_settings
+from notifier.models import Notification, truncate
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
+from notifier.providers.http import SharedClient, parse_retry_after
+from notifier.settings import Settings
 
 MAX_BODY_CHARS = 1600  # Twilio's limit for Body (error 21617 beyond it)
 #: Twilio's answers are a few KiB (the Message resource echoes the body); more is not Twilio.
@@ -43,7 +42,7 @@ _CREDENTIALS = "check NOTIFIER_TWILIO_ACCOUNT_SID and NOTIFIER_TWILIO_AUTH_TOKEN
 _ENDPOINT = "check NOTIFIER_TWILIO_API_BASE and NOTIFIER_TWILIO_ACCOUNT_SID"
 
 
-class SmsProvider:
+class SmsProvider(Provider):
     """Sends through one ``httpx.Client`` shared by every send thread, created on first use.
 
     Missing or unusable settings do not stop the worker from starting (deployments without SMS
@@ -53,8 +52,9 @@ class SmsProvider:
 
     channel: ClassVar[str] = "sms"
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        s = self._settings = settings or get_settings()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        s = self._settings = settings
         self._timeout = s.sms_timeout
         base = s.twilio_api_base.rstrip("/")
         sid = s.twilio_account_sid or ""

@@ -23,8 +23,6 @@ import hashlib
 import hmac
 import json
 import time
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -34,8 +32,9 @@ import httpx
 import yarl
 
 from notifier import eventloop
-from notifier.models import Notification
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent, truncate
+from notifier.models import Notification, truncate
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
+from notifier.providers.http import parse_retry_after
 from notifier.providers.netguard import (
     AddressPolicy,
     BlockedAddress,
@@ -43,7 +42,7 @@ from notifier.providers.netguard import (
     guarded_socket,
     legacy_ipv4,
 )
-from notifier.settings import Settings, get_settings
+from notifier.settings import Settings
 
 MAX_URL_LENGTH = 2048
 ERROR_BODY_BYTES = 1024
@@ -79,23 +78,7 @@ def _signing_key(secret: str) -> bytes:
         ) from None
 
 
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP-date); ``None`` if unusable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        at = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if at.tzinfo is None:  # "-0000" dates parse naive; HTTP-dates are always GMT
-        at = at.replace(tzinfo=UTC)
-    return max(0.0, (at - (now or datetime.now(UTC))).total_seconds())
-
-
-class WebhookProvider:
+class WebhookProvider(Provider):
     """Sends through one ``aiohttp.ClientSession``, made on first use on the loop that sends.
 
     The session is kept across batches so connections to busy receivers are reused; aiohttp
@@ -105,8 +88,9 @@ class WebhookProvider:
 
     channel: ClassVar[str] = "webhook"
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self._settings = settings or get_settings()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._settings = settings
         secret = self._settings.webhook_secret
         self._key = _signing_key(secret) if secret else None
         self._timeout = self._settings.webhook_timeout

@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import notifier
-from notifier.store import ProducerConnection
+from notifier.db.producers import ProducerConnection
 from tests.acceptance.conftest import REPO, Services, wait_for
 from tests.smtp_sink import SmtpSink
 

@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import BatchReport, Dispatcher
+from notifier.delivery.dispatcher import BatchReport, Dispatcher
 from notifier.models import Notification
-from notifier.providers import Outcome, Registry, Sent, load_registry, registry_of
+from notifier.providers import Outcome, Provider, Registry, Sent, load_registry, registry_of
 from notifier.settings import Settings, get_settings
 from tests.raw_server import Behaviour, RawServer, read_request, silence
 from tests.receiver import Receiver
@@ -99,7 +99,7 @@ def make_dispatcher(engine: Engine, settings: Settings) -> Iterator[MakeDispatch
         made.append(
             Dispatcher(
                 engine,
-                load_registry() if registry is None else registry,
+                load_registry(get_settings()) if registry is None else registry,
                 settings.model_copy(update=update),
                 stopping=stopping,
             )
@@ -297,7 +297,7 @@ def test_sends_under_way_finish_and_unstarted_rows_are_handed_back(
     assert len(receiver.deliveries) == 2  # the two under way were finished, not cut
 
 
-class Forgetful:
+class Forgetful(Provider):
     """A provider plugin that forgets its timeouts: it waits for its server's answer for ever."""
 
     channel: ClassVar[str] = "forgetful"

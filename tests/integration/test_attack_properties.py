@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
-from notifier.ratelimit import RateLimiter
 from notifier.settings import Settings, get_settings
 from tests.raw_server import RawServer, read_request
 from tests.receiver import Receiver
@@ -280,7 +280,7 @@ def test_hostile_rows_never_hurt_good_rows(
         retry_base_seconds=0.01,
         webhook_timeout=1,
     )
-    dispatcher = Dispatcher(engine, load_registry(), config, limiter=limiter)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), config, limiter=limiter)
     try:
         first = dispatcher.run_once()  # never raises: an exception fails the test here
         with engine.begin() as conn:

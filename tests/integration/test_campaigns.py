@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import Engine, text
 
 from notifier.campaigns import CampaignError, Campaigns
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 from tests.migrations import migrate
 
 AUDIENCE = 50_000
@@ -144,7 +144,7 @@ def test_a_launch_killed_half_way_is_finished_by_running_it_again(
 # Launches in chunks of 5,000, announcing the first committed chunk, then slowly goes on.
 _SLOW_LAUNCH = """
 import sys, time
-from notifier import store
+from notifier import db
 from notifier.campaigns import Campaigns
 first = True
 def progress(n):
@@ -153,7 +153,7 @@ def progress(n):
         print("chunk written", flush=True)
         first = False
     time.sleep(0.5)
-Campaigns(store.engine()).launch("spring", progress, chunk=5000)
+Campaigns(db.engine()).launch("spring", progress, chunk=5000)
 """
 
 
@@ -277,7 +277,7 @@ def test_pause_holds_rows_back_and_resume_lets_them_go(
 ) -> None:
     _prepare(campaigns, n=300)
     campaigns.launch("spring")
-    dispatcher = Dispatcher(engine, load_registry(), settings)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     dispatcher.run_once()  # 50 sent
     assert campaigns.pause("spring") == 250
     for _ in range(3):
@@ -298,7 +298,7 @@ def test_rows_of_a_campaign_paused_after_their_claim_are_handed_back(
     campaigns.launch("spring")
     with engine.begin() as conn:  # the campaign pauses between a worker's claim and its sends
         conn.execute(text("UPDATE campaigns SET status = 'paused'"))
-    report = Dispatcher(engine, load_registry(), settings).run_once()
+    report = Dispatcher(engine, load_registry(get_settings()), settings).run_once()
     assert (report.claimed, report.sent, report.released) == (10, 0, 10)
     assert _one(
         engine,
@@ -329,7 +329,7 @@ def test_an_urgent_row_overtakes_the_campaign_backlog(
             )
         )
     time.sleep(0.01)
-    Dispatcher(engine, load_registry(), settings).run_once()
+    Dispatcher(engine, load_registry(get_settings()), settings).run_once()
     assert _one(engine, "SELECT status FROM notifications WHERE recipient = 'ann@example.com'") == (
         "sent",
     )

@@ -69,6 +69,8 @@ def test_cancel_by_key_only_touches_pending_rows(engine: Engine) -> None:
         ({"send_at": datetime(2030, 1, 1), "delay": timedelta(1)}, "not both"),
         ({"send_at": datetime(2030, 1, 1)}, "timezone-aware"),
         ({"max_attempts": 0}, "at least 1"),
+        ({"payload": [1]}, "payload must be a mapping"),
+        ({"delay": timedelta(seconds=10), "expires_at": datetime.now(UTC)}, "expire unsent"),
     ],
 )
 def test_bad_arguments_are_refused(engine: Engine, kwargs: dict[str, object], message: str) -> None:

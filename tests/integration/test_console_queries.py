@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.console import queries
+from notifier.db import console as queries
 
 ROWS = 30_000
 

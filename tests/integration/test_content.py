@@ -17,16 +17,17 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from notifier import content_cli, content_store
-from notifier.content import Content
-from notifier.dispatch import Dispatcher
+from notifier.cli import content as content_cli
+from notifier.db import content as content_db
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.outcomes import Cancelled
+from notifier.delivery.prepare import Content
 from notifier.models import Notification
-from notifier.outcomes import Cancelled
 from notifier.providers import registry_of
 from notifier.providers.base import Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 from tests.smtp_sink import SmtpSink
 
 ANN = "ann@example.com"
@@ -52,7 +53,7 @@ def note(id: int = 1, recipient: str = ANN, **fields: Any) -> Notification:
 
 def add_template(engine: Engine, locale: str = "en", channel: str = "email", **parts: str) -> None:
     with engine.begin() as conn:
-        content_store.upsert_template(
+        content_db.upsert_template(
             conn,
             parts.pop("name", "welcome"),
             channel,
@@ -69,7 +70,7 @@ def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...
 
 @pytest.fixture
 def email(smtp_sink: SmtpSink) -> Iterator[EmailProvider]:
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     yield provider
     provider.close()
 
@@ -447,7 +448,9 @@ def test_the_dispatcher_renders_suppresses_and_records_bounces(
                ('null', 'x', NULL, NULL, '{}', NULL, NULL)
         """,
     )
-    dispatcher = Dispatcher(engine, registry_of([EmailProvider(), NullProvider()]), settings)
+    dispatcher = Dispatcher(
+        engine, registry_of([EmailProvider(get_settings()), NullProvider(Settings())]), settings
+    )
     try:
         dispatcher.run_once()
         sql(

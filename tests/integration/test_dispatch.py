@@ -7,7 +7,7 @@ from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry, registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
@@ -31,7 +31,7 @@ def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> N
         " RETURNING id",
     )
     calls: list[int] = []
-    dispatcher = Dispatcher(engine, registry_of([NullProvider()]), settings)
+    dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), settings)
     reports = dispatcher.drain(on_full_batch=lambda: calls.append(1))
     dispatcher.close()
     assert [r.claimed for r in reports] == [50, 50, 50, 50, 50, 10]
@@ -55,7 +55,7 @@ def test_bad_rows_go_dead_with_a_reason_and_block_nothing(
         RETURNING id
         """,
     )
-    Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
+    Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     rows = _statuses(engine)
     assert rows[1] == ("dead", 1, "unknown channel 'pigeon'; this deployment serves: null")
     assert rows[2] == ("dead", 1, "invalid notification: payload must be a JSON object, not list")
@@ -74,7 +74,7 @@ def test_only_due_pending_rows_are_claimed(engine: Engine, settings: Settings) -
         RETURNING id
         """,
     )
-    report = Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
+    report = Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     assert report.claimed == 1
     assert [s for (s,) in _rows(engine, "SELECT status FROM notifications ORDER BY id")] == [
         "sent",
@@ -95,7 +95,7 @@ def test_higher_priority_is_claimed_first(engine: Engine, settings: Settings) ->
         "INSERT INTO notifications (channel, recipient, priority) VALUES ('null', 'urgent', 10)"
         " RETURNING id",
     )
-    Dispatcher(engine, registry_of([NullProvider()]), settings).run_once()
+    Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     assert _rows(engine, "SELECT status FROM notifications WHERE recipient = 'urgent'") == [
         ("sent",)
     ]
@@ -131,7 +131,7 @@ def test_providers_are_called_outside_any_transaction(
             text("INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url)"),
             {"url": httpserver.url_for("/hook")},
         )
-    dispatcher = Dispatcher(engine, load_registry(), settings)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     assert dispatcher.run_once().sent == 1
     dispatcher.close()
     assert seen == [("processing", 0)]
@@ -152,7 +152,7 @@ def test_server_errors_back_off_then_dead_with_the_last_error(
             ),
             {"url": httpserver.url_for("/hook")},
         )
-    dispatcher = Dispatcher(engine, load_registry(), settings)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     waits = []
     for _ in range(3):
         _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")
@@ -187,7 +187,7 @@ def test_every_attempt_is_kept_in_the_history(
         "INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url) RETURNING id",
         url=httpserver.url_for("/hook"),
     )[0]
-    dispatcher = Dispatcher(engine, load_registry(), settings, worker="w-test")
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings, worker="w-test")
     dispatcher.run_once()
     _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")
     dispatcher.run_once()

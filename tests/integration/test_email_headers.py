@@ -17,12 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import Engine, text
 
-from notifier import content_store
-from notifier.dispatch import Dispatcher
+from notifier.db import content as content_db
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.base import InvalidNotification, Sent
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings as NotifierSettings
+from notifier.settings import get_settings
 from tests.integration.test_email_provider import note
 from tests.smtp_sink import Received, SmtpSink
 from tests.unit.test_email_message import carryable, values
@@ -38,7 +39,7 @@ BASE += ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]
 
 @pytest.fixture
 def provider(smtp_sink: SmtpSink) -> Iterator[EmailProvider]:
-    p = EmailProvider()
+    p = EmailProvider(get_settings())
     yield p
     p.close()
 
@@ -87,7 +88,7 @@ def test_an_encoded_word_in_a_payload_header_adds_no_header(
 def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tuple[str, str | None]:
     """Render ``Welcome, {{ name }}`` into a row's subject and dispatch it; its status, error."""
     with engine.begin() as conn:
-        content_store.upsert_template(
+        content_db.upsert_template(
             conn, "welcome", "email", "en", ("Welcome, {{ name }}", "Hello", None)
         )
         conn.execute(
@@ -97,7 +98,7 @@ def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tup
             ),
             {"p": json.dumps({"name": name})},
         )
-    dispatcher = Dispatcher(engine, registry_of([EmailProvider()]), settings)
+    dispatcher = Dispatcher(engine, registry_of([EmailProvider(get_settings())]), settings)
     try:
         dispatcher.run_once()
     finally:

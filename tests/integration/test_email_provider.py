@@ -53,7 +53,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
 @pytest.fixture
 def provider(smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmailProvider]:
     configure(monkeypatch, email_from="Shop <noreply@shop.example>")
-    p = EmailProvider()
+    p = EmailProvider(get_settings())
     yield p
     p.close()
 
@@ -148,7 +148,7 @@ def test_message_id_domain_falls_back_when_email_from_has_none(
     smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     configure(monkeypatch, email_from="notifier")
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note(id=3))
     finally:
@@ -211,7 +211,7 @@ def test_refusal_is_classified_by_reply_code_and_the_connection_is_kept(
 def test_closed_port_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     port = closed_port()
     configure(monkeypatch, smtp_host="127.0.0.1", smtp_port=str(port))
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note())
     finally:
@@ -253,7 +253,7 @@ def test_silent_server_times_out_and_is_retried(
 ) -> None:
     port, accepted = silent_server
     configure(monkeypatch, smtp_host="127.0.0.1", smtp_port=str(port), smtp_timeout="1")
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     started = time.monotonic()
     try:
         outcome = provider.send(note())
@@ -277,7 +277,7 @@ def test_misconfiguration_is_retried_with_the_servers_reason(
     smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
 ) -> None:
     configure(monkeypatch, **env)
-    provider = EmailProvider()
+    provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note())
     finally:

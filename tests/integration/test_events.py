@@ -36,7 +36,7 @@ from cryptography.x509.oid import NameOID
 from sqlalchemy import Engine, text
 
 from notifier.campaigns import Campaigns
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings, get_settings

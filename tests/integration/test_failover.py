@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
-from notifier.providers import chains, parse_failover, registry_of
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.providers import chains, registry_of
 from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
+from notifier.specs import parse_failover
 from tests.smtp_sink import SmtpSink
 
 Relays = tuple[EmailProvider, EmailProvider, SmtpSink, SmtpSink]
@@ -28,7 +29,7 @@ def relays(
         monkeypatch.setenv("NOTIFIER_SMTP_HOST", sink.host)
         monkeypatch.setenv("NOTIFIER_SMTP_PORT", str(sink.port))
         get_settings.cache_clear()
-        providers.append(EmailProvider())
+        providers.append(EmailProvider(get_settings()))
     providers[1].name = "email_backup"  # type: ignore[attr-defined]
     yield providers[0], providers[1], first, second
     first.stop()
@@ -119,7 +120,7 @@ def test_when_every_provider_fails_the_attempt_counts_once_with_each_error(
     ],
 )
 def test_a_wrong_failover_setting_is_refused_at_start(spec: str, message: str) -> None:
-    registry = registry_of([NullProvider()])
-    registry.register(EmailProvider())
+    registry = registry_of([NullProvider(Settings())])
+    registry.register(EmailProvider(get_settings()))
     with pytest.raises(ValueError, match=message):
         chains(registry, parse_failover(spec))

@@ -25,9 +25,9 @@ from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
 import notifier
-from notifier import guards
-from notifier.dispatch import RECHECK_AFTER, BatchReport, Dispatcher
-from notifier.guards import GuardError, HttpGuard, Send, Skip, Verdict
+from notifier.delivery import guards
+from notifier.delivery.dispatcher import RECHECK_AFTER, BatchReport, Dispatcher
+from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
@@ -191,7 +191,7 @@ def test_http_guard_that_hangs_is_an_error_after_its_timeout(
     monkeypatch.setenv("NOTIFIER_GUARD_HTTP_URL", silent_server.url)
     monkeypatch.setenv("NOTIFIER_GUARD_HTTP_TIMEOUT", "1")
     get_settings.cache_clear()
-    guard = guards.load_registry()["http"]
+    guard = guards.load_registry(get_settings())["http"]
 
     started = time.monotonic()
     with pytest.raises(GuardError, match=r"no answer within 1\.0s"):
@@ -219,7 +219,7 @@ def test_http_guard_without_a_url_says_which_setting_is_missing(
 ) -> None:
     monkeypatch.delenv("NOTIFIER_GUARD_HTTP_URL", raising=False)
     get_settings.cache_clear()
-    guard = guards.load_registry()["http"]
+    guard = guards.load_registry(get_settings())["http"]
     get_settings.cache_clear()
     with pytest.raises(GuardError, match="NOTIFIER_GUARD_HTTP_URL"):
         guard.check(_notification())
@@ -252,7 +252,13 @@ def _dispatcher(
         monkeypatch.setenv("NOTIFIER_GUARD_HTTP_URL", guard_url)
     monkeypatch.setenv("NOTIFIER_GUARD_HTTP_TIMEOUT", "1")
     get_settings.cache_clear()
-    return Dispatcher(engine, load_registry(), settings, guards=guards.load_registry(), **kwargs)
+    return Dispatcher(
+        engine,
+        load_registry(get_settings()),
+        settings,
+        guards=guards.load_registry(get_settings()),
+        **kwargs,
+    )
 
 
 def _insert(engine: Engine, sql: str, **params: object) -> list[int]:
@@ -560,7 +566,7 @@ def test_urgent_row_jumps_a_backlog(engine: Engine, settings: Settings) -> None:
         "INSERT INTO notifications (channel, recipient, priority) VALUES ('null', 'urgent', 10)"
         " RETURNING id",
     )
-    dispatcher = Dispatcher(engine, load_registry(), settings)
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     report = dispatcher.run_once()
     dispatcher.close()
 

@@ -12,7 +12,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from notifier import health
-from notifier.cli import main
+from notifier.cli.main import main
 from notifier.settings import Settings, get_settings
 
 

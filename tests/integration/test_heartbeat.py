@@ -10,9 +10,10 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from notifier import health, store
-from notifier.heartbeat import Heartbeat
+from notifier import health
+from notifier.db import queue, rescue
 from notifier.settings import Settings
+from notifier.worker.heartbeat import Heartbeat
 
 LEASE = 300
 
@@ -25,7 +26,7 @@ def _claimed(engine: Engine, worker: str, n: int = 1, **cols: object) -> list[in
     with engine.begin() as conn:
         for _ in range(n):
             conn.execute(text(f"INSERT INTO notifications ({names}) VALUES ({values})"), columns)
-        claimed = store.claim_due(
+        claimed = queue.claim_due(
             conn, limit=n, lease_seconds=LEASE, token=uuid.uuid4(), worker=worker
         )
     return [c.id for c in claimed]
@@ -56,7 +57,7 @@ def _rows(engine: Engine) -> dict[int, tuple[str, int, str | None]]:
 
 def _rescue(engine: Engine) -> dict[str, int]:
     with engine.begin() as conn:
-        return store.rescue_expired(conn)
+        return rescue.rescue_expired(conn)
 
 
 def test_a_gone_workers_rows_are_rescued_long_before_their_lease(engine: Engine) -> None:

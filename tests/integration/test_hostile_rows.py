@@ -6,7 +6,7 @@ hostile row must end ``dead`` after exactly one attempt with a reason its produc
 every good row ``sent``, and nothing a hostile row tried to inject may reach a server: the SMTP
 sink sees exactly the 1,000 good recipients and no ``Bcc``, the loopback socket no connection.
 
-The rows refused by ``notifier.validation.check_common`` (payload too big, recipient too long)
+The rows refused by ``notifier.delivery.checks.check_common`` (payload too big, recipient too long)
 need the dispatcher to call it before the provider's ``validate``.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.checks import payload_size
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
-from notifier.validation import payload_size
 from tests.smtp_sink import SmtpSink
 
 GOOD = 1000
@@ -193,7 +193,7 @@ def test_hostile_rows_die_alone_and_inject_nothing(
         )
 
     dispatcher = Dispatcher(
-        engine, load_registry(), Settings(database_url=database_url, batch_size=100)
+        engine, load_registry(get_settings()), Settings(database_url=database_url, batch_size=100)
     )
     try:
         reports = dispatcher.drain(budget_seconds=300)

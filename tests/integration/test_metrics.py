@@ -12,10 +12,11 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from notifier import metrics, store
-from notifier.dispatch import Dispatcher
+from notifier import metrics
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.models import Attempt
 from notifier.providers import load_registry
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
 
 
 def _free_port() -> int:
@@ -60,7 +61,7 @@ def test_counts_gauges_and_latency_after_known_outcomes(
                 " ('null', 'waiting', now() - interval '90 seconds')"
             )
         )
-    registry = load_registry()
+    registry = load_registry(get_settings())
     labels = metrics.Labels.of(registry)
     dispatcher = Dispatcher(
         engine,
@@ -111,10 +112,10 @@ def test_hostile_channel_names_count_under_other_and_never_corrupt_labels(
     client = redis.Redis.from_url(redis_url)
     labels = metrics.Labels(frozenset({"null", "email"}), frozenset({"null", "email"}))
     names = HOSTILE + [f"spam-{i}" for i in range(10_000)]
-    attempts = [store.Attempt(i, 1, name, "dead", "no provider", 3) for i, name in enumerate(names)]
-    attempts.append(store.Attempt(0, 1, "null", "sent", None, 3))
-    attempts.append(store.Attempt(0, 1, "null", "sent|x", None, 3))  # an unknown outcome
-    attempts.append(store.Attempt(0, 1, "email", "sent", None, 3, provider="a|b"))
+    attempts = [Attempt(i, 1, name, "dead", "no provider", 3) for i, name in enumerate(names)]
+    attempts.append(Attempt(0, 1, "null", "sent", None, 3))
+    attempts.append(Attempt(0, 1, "null", "sent|x", None, 3))  # an unknown outcome
+    attempts.append(Attempt(0, 1, "email", "sent", None, 3, provider="a|b"))
     metrics.record(client, attempts, labels)
 
     assert client.hlen(metrics.ATTEMPTS_KEY) == 4  # bounded in Redis, not only on the page

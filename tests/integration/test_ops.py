@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from notifier import ops
-from notifier.cli import main
+from notifier.campaigns import Campaigns
+from notifier.cli.main import main
 from notifier.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,6 +399,54 @@ def test_a_row_locked_for_a_moment_is_found_by_the_next_walk(db: Engine) -> None
 # --- cancel ---------------------------------------------------------------------------------------
 
 
+def test_cancel_takes_every_id_it_is_given(db: Engine, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second, sent = _row(db), _row(db), _row(db, "sent")
+
+    code, out, _ = _run(capsys, "cancel", "--id", str(first), "--id", str(second))
+    assert (code, out) == (0, f"cancelled notification {first}\ncancelled notification {second}\n")
+    code, out, _ = _run(capsys, "cancel", "--id", str(sent), "--id", str(first))
+    assert code == 1
+    assert out.splitlines() == [
+        f"notification {sent} was not waiting to be sent (no such row, or already finished)",
+        f"notification {first} was not waiting to be sent (no such row, or already finished)",
+    ]
+    statuses = _statuses(db)
+    assert (statuses[first][0], statuses[second][0], statuses[sent][0]) == (
+        "cancelled",
+        "cancelled",
+        "sent",
+    )
+
+
+def test_campaign_commands_say_what_they_did(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Campaigns(db).create("spring", "null", subject="Hi", body="Your code: {code}")
+
+    code, out, _ = _run(capsys, "campaign", "cancel", "spring")
+    assert (code, out) == (0, "campaign 'spring': cancelled; 0 notifications cancelled\n")
+
+
+def test_send_refuses_a_channel_no_provider_serves(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(capsys, "send", "--channel", "emial", "--to", "ann@example.com")
+    assert (code, out) == (2, "")
+    assert err.startswith("notifier: no provider serves channel 'emial' (installed: ")
+    assert err.endswith("; did you mean 'email'?\n")
+    assert _statuses(db) == {}
+
+
+def test_send_refuses_a_row_that_would_expire_before_it_is_due(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["send", "--channel", "null", "--to", "x", "--in", "10s", "--expires-in", "5s"]
+    code, out, err = _run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert "--expires-in ends before the send time" in err
+    assert _statuses(db) == {}
+
+
 def test_cancel_by_key_or_id_keeps_its_messages(
     db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -623,7 +672,7 @@ def test_a_purge_out_of_time_says_where_to_resume(
 def test_the_purge_task_runs_the_same_purge(
     db: Engine, aged: dict[str, int], redis_url: str
 ) -> None:
-    from notifier import tasks
+    from notifier.worker import tasks
 
     assert tasks.purge() == {"sent": 1, "dead": 1, "cancelled": 1}
     assert set(_statuses(db)) == set(aged.values()) - {

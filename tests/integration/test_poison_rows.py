@@ -16,11 +16,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.models import Notification
-from notifier.providers import Outcome, Sent, load_registry, registry_of
+from notifier.providers import Outcome, Provider, Sent, load_registry, registry_of
 from notifier.providers.null import NullProvider
-from notifier.ratelimit import RateLimiter
 from notifier.settings import Settings, get_settings
 from tests.receiver import Receiver
 
@@ -159,7 +159,7 @@ def test_rows_the_claim_cannot_decode_die_alone(engine: Engine, database_url: st
     insert(engine, [{"recipient": f"good-{i}"} for i in range(40)])
     insert(engine, [{**columns, "key": name} for name, (columns, _) in poison.items()])
 
-    dispatcher = Dispatcher(engine, load_registry(), webhook_settings(database_url))
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
         reports = dispatcher.drain(budget_seconds=60)
     finally:
@@ -186,7 +186,7 @@ def test_a_receiver_answering_nul_and_escapes_cannot_make_good_rows_resend(
     insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/ok"}] * 10)
     insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/nul", "key": "nul"}])
 
-    dispatcher = Dispatcher(engine, load_registry(), webhook_settings(database_url))
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
         report = dispatcher.run_once()
     finally:
@@ -217,7 +217,7 @@ def test_an_outcome_the_database_refuses_is_recorded_alone(
     insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/ok"}] * 12)
     insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/poison", "key": "p"}])
 
-    dispatcher = Dispatcher(engine, load_registry(), webhook_settings(database_url))
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
         report = dispatcher.run_once()
     finally:
@@ -248,7 +248,9 @@ def test_a_receivers_429_holds_back_that_receiver_alone(
             keys = [f"{prefix}{i}" for i in range(3)]
             insert(engine, [{"channel": "webhook", "recipient": busy, "key": k} for k in keys])
             insert(engine, [{"channel": "webhook", "recipient": ok}] * 5)
-            dispatcher = Dispatcher(engine, load_registry(), settings, limiter=limiter)
+            dispatcher = Dispatcher(
+                engine, load_registry(get_settings()), settings, limiter=limiter
+            )
             try:
                 dispatcher.run_once()
             finally:
@@ -299,7 +301,7 @@ def test_deferrals_end_past_their_limit_or_the_rows_expiry(
             )
         )
 
-    dispatcher = Dispatcher(engine, load_registry(), webhook_settings(database_url))
+    dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
         dispatcher.run_once()
     finally:
@@ -321,7 +323,7 @@ def test_deferrals_end_past_their_limit_or_the_rows_expiry(
     )
 
 
-class Brittle:
+class Brittle(Provider):
     """A provider with a bug: it raises on one recipient instead of answering."""
 
     channel: ClassVar[str] = "null"
@@ -344,7 +346,7 @@ def test_a_provider_that_raises_ends_that_row_not_the_batch(
     insert(engine, [{"recipient": f"good-{i}"} for i in range(9)])
     insert(engine, [{"recipient": "boom", "key": "boom"}])
     settings = Settings(database_url=database_url, batch_size=20)
-    dispatcher = Dispatcher(engine, registry_of([Brittle()]), settings)
+    dispatcher = Dispatcher(engine, registry_of([Brittle(Settings())]), settings)
     try:
         report = dispatcher.run_once()
     finally:

@@ -156,7 +156,7 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
             else:
                 monkeypatch.setenv(name, str(value))
         get_settings.cache_clear()
-        made.append(PushProvider())
+        made.append(PushProvider(get_settings()))
         return made[-1]
 
     yield make
@@ -520,7 +520,7 @@ def test_project_id_setting_wins(
 
 def test_registered_and_idle_without_configuration(make_provider: MakeProvider) -> None:
     make_provider(None, "https://fcm.example")  # clears the environment for load_registry
-    registry = load_registry()
+    registry = load_registry(get_settings())
     assert isinstance(registry["push"], PushProvider)
     registry.close()
 

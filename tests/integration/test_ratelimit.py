@@ -10,10 +10,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from notifier.dispatch import Dispatcher
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
-from notifier.ratelimit import RateLimiter, parse_limits
-from notifier.settings import Settings
+from notifier.settings import Settings, get_settings
+from notifier.specs import parse_limits
 
 
 def _take_for(url: str, spec: str, seconds: float, ready: Any, go: Any, results: Any) -> None:
@@ -97,7 +98,10 @@ def test_the_dispatcher_sends_at_the_limit(
     _insert(engine, 600)
     limiter = RateLimiter(redis.Redis.from_url(redis_url), parse_limits("null=200/s"))
     dispatcher = Dispatcher(
-        engine, load_registry(), settings.model_copy(update={"batch_size": 600}), limiter=limiter
+        engine,
+        load_registry(get_settings()),
+        settings.model_copy(update={"batch_size": 600}),
+        limiter=limiter,
     )
     started = time.monotonic()
     report = dispatcher.run_once()
@@ -113,7 +117,10 @@ def test_rows_the_limit_does_not_grant_in_time_wait_without_using_an_attempt(
     _insert(engine, 100)
     limiter = RateLimiter(redis.Redis.from_url(redis_url), parse_limits("null=10/s"))
     dispatcher = Dispatcher(
-        engine, load_registry(), settings.model_copy(update={"batch_size": 100}), limiter=limiter
+        engine,
+        load_registry(get_settings()),
+        settings.model_copy(update={"batch_size": 100}),
+        limiter=limiter,
     )
     report = dispatcher.run_once(deadline=time.monotonic() + 1.0)
     dispatcher.close()
@@ -134,7 +141,7 @@ def test_without_redis_nothing_is_sent_and_nothing_is_lost(
     with pytest.raises(redis.ConnectionError):
         nowhere.ping()  # the fault is real: nothing listens there
     limiter = RateLimiter(nowhere, parse_limits("null=100/s"))
-    report = Dispatcher(engine, load_registry(), settings, limiter=limiter).run_once()
+    report = Dispatcher(engine, load_registry(get_settings()), settings, limiter=limiter).run_once()
     nowhere.close()
     assert (report.claimed, report.sent, report.released) == (20, 0, 20)
     assert report.paused is not None

@@ -18,10 +18,11 @@ from alembic.config import Config
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from notifier import client, ops, store
+from notifier import client, db, ops
 from notifier.campaigns import Campaigns
-from notifier.cli import alembic_dir
-from notifier.dispatch import Dispatcher
+from notifier.db import rescue
+from notifier.db.migrate import alembic_dir
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
@@ -117,13 +118,13 @@ def test_a_worker_dispatches_rescues_and_purges_but_writes_no_rows(
                 " now() - interval '90 days')"
             )
         )
-    worker = store.make_engine(login("notifier_worker"))
+    worker = db.make_engine(login("notifier_worker"))
     try:
-        dispatcher = Dispatcher(worker, registry_of([NullProvider()]), settings)
+        dispatcher = Dispatcher(worker, registry_of([NullProvider(Settings())]), settings)
         assert dispatcher.run_once().sent == 20
         dispatcher.close()
         with worker.begin() as conn:
-            assert store.rescue_expired(conn) == {"pending": 1, "dead": 0}
+            assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         assert ops.purge(worker, settings).deleted["sent"] == 1
         for statement in (
             "INSERT INTO notifications (channel, recipient) VALUES ('null', 'x')",
@@ -155,7 +156,7 @@ def test_an_operator_requeues_purges_and_runs_a_campaign(
             text("INSERT INTO users VALUES ('a@example.com', 'A'), ('b@example.com', 'B')")
         )
         conn.execute(text("GRANT SELECT ON users TO notifier_audience"))
-    operator = store.make_engine(login("notifier_operator"))
+    operator = db.make_engine(login("notifier_operator"))
     try:
         count, snap = ops.count_requeue(operator, ops.DeadFilter())
         assert count == 1

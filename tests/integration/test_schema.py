@@ -8,7 +8,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from notifier.cli import migrate
+from notifier.db.migrate import migrate
 from notifier.models import Status, metadata, notifications
 
 

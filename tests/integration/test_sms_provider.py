@@ -77,7 +77,7 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
                 monkeypatch.setenv(f"NOTIFIER_TWILIO_{key}", value)
         monkeypatch.setenv("NOTIFIER_SMS_TIMEOUT", str(timeout))
         get_settings.cache_clear()
-        made.append(SmsProvider())
+        made.append(SmsProvider(get_settings()))
         return made[-1]
 
     yield make

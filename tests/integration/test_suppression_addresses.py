@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine
 
-from notifier.content import Content
-from notifier.outcomes import Cancelled
+from notifier.delivery.outcomes import Cancelled
+from notifier.delivery.prepare import Content
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
 from tests.integration.test_content import note, run, sql, suppress_by_sql

@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
 
-from notifier import terminal
+from notifier.cli import terminal
+from tests.conftest import POSTGRES
 
 HOSTILE = "a\x1b[2Jb\x1b]0;title\x07c\rd\u202ee\x9bf\x7f"
 #: What a terminal would act on; a newline only ends the command's own lines.
 ACTED_ON = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def _notifier(*argv: str) -> subprocess.CompletedProcess[str]:
+def _notifier(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "notifier.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -85,3 +90,27 @@ def test_text_printed_any_other_way_keeps_its_lines_but_not_its_escapes(
     assert capsys.readouterr().out == (
         "campaign a\\x1b[2Jb\\x1b]0;title\\x07c\\rd\\u202ee\\x9bf\\x7f\n\tnext\n"
     )
+
+
+def test_a_missing_database_is_one_line_naming_the_setting_and_the_fix() -> None:
+    done = _notifier("stats", env={"NOTIFIER_DATABASE_URL": f"{POSTGRES}/notifer_missing"})
+    assert (done.returncode, done.stdout) == (5, "")
+    assert done.stderr.splitlines() == [
+        "notifier: database 'notifer_missing' does not exist on"
+        f" {make_url(POSTGRES).host}:{make_url(POSTGRES).port or 5432} (NOTIFIER_DATABASE_URL):"
+        " correct the name, or create it with `notifier migrate`"
+    ]
+
+
+def test_an_unreachable_database_is_one_line_naming_the_setting() -> None:
+    with socket.socket() as closed:  # a port nothing listens on: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/notifier"
+        done = _notifier("stats", env={"NOTIFIER_DATABASE_URL": url})
+    assert (done.returncode, done.stdout) == (4, "")
+    [line] = done.stderr.splitlines()
+    assert line.startswith(
+        f"notifier: cannot connect to PostgreSQL at 127.0.0.1:{port} (NOTIFIER_DATABASE_URL): "
+    )
+    assert "Traceback" not in done.stderr

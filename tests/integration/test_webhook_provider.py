@@ -81,7 +81,7 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
         else:
             monkeypatch.setenv("NOTIFIER_WEBHOOK_SECRET", secret)
         get_settings.cache_clear()
-        made.append(WebhookProvider())
+        made.append(WebhookProvider(get_settings()))
         return made[-1]
 
     yield make

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from notifier.budget import Budget, verdict
-from notifier.worker_store import ConnectionLimits
+from notifier.db.workers import ConnectionLimits
+from notifier.worker.budget import Budget, verdict
 
 DEFAULT = ConnectionLimits(max_connections=100, reserved=3, in_use=10)
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notifier.cli import MAX_DURATION, main, parse_duration, parse_when, whole_number
+from notifier.cli.main import main
+from notifier.cli.parsing import MAX_DURATION, parse_duration, parse_when, whole_number
 
 T = TypeVar("T")
 

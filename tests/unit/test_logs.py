@@ -97,7 +97,9 @@ def test_no_webhook_path_survives_masking(host: str, secret: str) -> None:
 
 
 def _record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
-    record = logging.LogRecord("notifier.dispatch", logging.INFO, __file__, 1, msg, args, None)
+    record = logging.LogRecord(
+        "notifier.delivery.dispatcher", logging.INFO, __file__, 1, msg, args, None
+    )
     record.__dict__.update(extra)
     return record
 
@@ -121,7 +123,7 @@ def test_the_batch_summary_is_one_json_object_with_its_fields() -> None:
     assert "\n" not in line
     assert entry["message"] == "batch claimed=100 sent=97 took=0.412s"
     assert {k: entry[k] for k in extra} == extra
-    assert (entry["level"], entry["logger"]) == ("INFO", "notifier.dispatch")
+    assert (entry["level"], entry["logger"]) == ("INFO", "notifier.delivery.dispatcher")
     assert entry["ts"].endswith("+00:00")
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from notifier.dispatch import plan
+from notifier.delivery.dispatcher import plan
+from notifier.delivery.retry import RetryPolicy
 from notifier.models import Notification
 from notifier.providers import Outcome, Permanent, Retry, Sent
-from notifier.retry import RetryPolicy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from notifier.ratelimit import parse_limits, parse_window
 from notifier.settings import Settings
+from notifier.specs import parse_limits, parse_window
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from notifier.retry import RetryPolicy, next_attempt_at
+from notifier.delivery.retry import RetryPolicy, next_attempt_at
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

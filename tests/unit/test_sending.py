@@ -8,11 +8,11 @@ from uuid import uuid4
 
 import pytest
 
+from notifier.delivery.sender import Sender
 from notifier.models import Notification
 from notifier.providers import Outcome, Sent, can_send_async
 from notifier.providers.null import NullProvider
 from notifier.providers.webhook import WebhookProvider
-from notifier.sending import Sender
 from notifier.settings import Settings
 
 
@@ -45,8 +45,8 @@ def _row(channel: str, guard: str | None = None) -> Notification:
 def test_only_coroutine_send_async_counts() -> None:
     settings = Settings()
     assert can_send_async(WebhookProvider(settings))
-    assert not can_send_async(NullProvider())
-    assert not can_send_async(NotACoroutine())
+    assert not can_send_async(NullProvider(Settings()))
+    assert not can_send_async(NotACoroutine(Settings()))
 
 
 @pytest.mark.parametrize(
@@ -62,8 +62,8 @@ def test_only_coroutine_send_async_counts() -> None:
 )
 def test_where_a_send_runs(channel: str, guard: str | None, on_loop: bool, inline: bool) -> None:
     settings = Settings()
-    webhook, null = WebhookProvider(settings), NullProvider()
+    webhook, null = WebhookProvider(settings), NullProvider(Settings())
     chains = {"webhook": [webhook], "null": [null], "mixed": [webhook, null]}
-    sender = Sender({**chains, "odd": [NotACoroutine()]}, settings)
+    sender = Sender({**chains, "odd": [NotACoroutine(Settings())]}, settings)
     row = _row(channel, guard)
     assert (sender.on_loop(row), sender.inline(row)) == (on_loop, inline)

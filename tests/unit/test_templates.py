@@ -1,4 +1,4 @@
-"""Rendering, locales and overrides of ``notifier.content``, without a database."""
+"""Rendering, locales and overrides of ``notifier.delivery.prepare``, without a database."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from notifier.content import (
+from notifier.delivery.prepare import (
     Compiled,
     TemplateProblem,
     compile_parts,

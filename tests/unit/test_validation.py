@@ -1,4 +1,4 @@
-"""The checks every row gets whatever its channel (``notifier.validation``)."""
+"""The checks every row gets whatever its channel (``notifier.delivery.checks``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from notifier.delivery.checks import MAX_RECIPIENT_LENGTH, check_common, payload_size
 from notifier.models import Notification
 from notifier.providers import InvalidNotification
 from notifier.settings import Settings
-from notifier.validation import MAX_RECIPIENT_LENGTH, check_common, payload_size
 
 
 def _n(recipient: str = "ada@example.com", payload: Any = None) -> Notification:

@@ -11,8 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from notifier import content, content_store, store
+from notifier import db
+from notifier.db import content as content_db
+from notifier.delivery import prepare
 from notifier.settings import get_settings
+from notifier.specs import normalize_locale
 
 
 def add_parsers(sub: Any) -> None:
@@ -25,7 +28,7 @@ def add_parsers(sub: Any) -> None:
         help="add a template, or replace its version in that locale (checked before saving)",
         description="Parts are Jinja2 with the row's payload and recipient as variables; the"
         " html part is autoescaped. A replaced version reaches every worker within"
-        f" {content.TEMPLATE_CACHE_SECONDS:.0f} s.",
+        f" {prepare.TEMPLATE_CACHE_SECONDS:.0f} s.",
     )
     p.add_argument("name")
     p.add_argument("--channel", required=True)
@@ -73,17 +76,17 @@ def add_parsers(sub: Any) -> None:
 
 
 def _template_add(args: argparse.Namespace) -> int:
-    locale = content.normalize_locale(args.locale or get_settings().default_locale)
+    locale = normalize_locale(args.locale or get_settings().default_locale)
     body = args.body if args.body_file is None else args.body_file.read_text(encoding="utf-8")
     html = None if args.html_file is None else args.html_file.read_text(encoding="utf-8")
     if args.subject is None and body is None and html is None:
         raise ValueError("give at least one of --subject, --body, --body-file, --html-file")
     try:
-        content.compile_parts(args.subject, body, html)
+        prepare.compile_parts(args.subject, body, html)
     except ValueError as exc:
         raise ValueError(f"template {args.name!r} not saved: {exc}") from None
-    with store.engine().begin() as conn:
-        new = content_store.upsert_template(
+    with db.engine().begin() as conn:
+        new = content_db.upsert_template(
             conn, args.name, args.channel, locale, (args.subject, body, html)
         )
     print(f"template {args.name!r} ({args.channel}, {locale}) {'added' if new else 'replaced'}")
@@ -91,8 +94,8 @@ def _template_add(args: argparse.Namespace) -> int:
 
 
 def _template_list(_: argparse.Namespace) -> int:
-    with store.engine().connect() as conn:
-        rows = content_store.list_templates(conn)
+    with db.engine().connect() as conn:
+        rows = content_db.list_templates(conn)
     table = [("NAME", "CHANNEL", "LOCALE", "PARTS", "UPDATED")]
     for t in rows:
         parts = ",".join(
@@ -106,9 +109,9 @@ def _template_list(_: argparse.Namespace) -> int:
 
 
 def _template_show(args: argparse.Namespace) -> int:
-    locale = None if args.locale is None else content.normalize_locale(args.locale)
-    with store.engine().connect() as conn:
-        rows = content_store.list_templates(conn, args.name, args.channel, locale)
+    locale = None if args.locale is None else normalize_locale(args.locale)
+    with db.engine().connect() as conn:
+        rows = content_db.list_templates(conn, args.name, args.channel, locale)
     if not rows:
         print(f"no template {args.name!r} matches")
         return 1
@@ -121,17 +124,17 @@ def _template_show(args: argparse.Namespace) -> int:
 
 
 def _template_rm(args: argparse.Namespace) -> int:
-    locale = content.normalize_locale(args.locale)
-    with store.engine().begin() as conn:
-        removed = content_store.delete_template(conn, args.name, args.channel, locale)
+    locale = normalize_locale(args.locale)
+    with db.engine().begin() as conn:
+        removed = content_db.delete_template(conn, args.name, args.channel, locale)
     where = f"({args.channel}, {locale})"
     print(f"template {args.name!r} {where} {'removed' if removed else 'not found'}")
     return 0 if removed else 1
 
 
 def _suppress_add(args: argparse.Namespace) -> int:
-    with store.engine().begin() as conn:
-        entry, new = content_store.suppress(conn, args.channel, args.recipient, args.reason)
+    with db.engine().begin() as conn:
+        entry, new = content_db.suppress(conn, args.channel, args.recipient, args.reason)
     if new:
         print(f"suppressed {entry.channel} {entry.recipient}")
     else:
@@ -143,15 +146,15 @@ def _suppress_add(args: argparse.Namespace) -> int:
 
 
 def _suppress_rm(args: argparse.Namespace) -> int:
-    with store.engine().begin() as conn:
-        removed = content_store.unsuppress(conn, args.channel, args.recipient)
+    with db.engine().begin() as conn:
+        removed = content_db.unsuppress(conn, args.channel, args.recipient)
     print(f"{args.channel} {args.recipient} {'no longer suppressed' if removed else 'not found'}")
     return 0 if removed else 1
 
 
 def _suppress_list(args: argparse.Namespace) -> int:
-    with store.engine().connect() as conn:
-        rows = content_store.list_suppressions(conn, args.channel, args.limit)
+    with db.engine().connect() as conn:
+        rows = content_db.list_suppressions(conn, args.channel, args.limit)
     table = [("SINCE", "CHANNEL", "RECIPIENT", "REASON")]
     table += [
         (f"{s.created_at:%Y-%m-%d %H:%M:%S%z}", s.channel, s.recipient, s.reason) for s in rows

@@ -5,7 +5,7 @@ transiently; only when the last has failed too is the attempt a ``Retry``, carry
 provider's error. Where the send runs:
 
 * on the worker process's event loop (``notifier.eventloop``), when the row names no guard and
-  every provider of its chain has ``send_async`` (``AsyncProvider``): up to
+  every provider of its chain overrides ``send_async``: up to
   ``async_send_concurrency`` at once, each bounded by its provider's total timeout, and
   cancelled for real if abandoned;
 * in a thread pool of ``send_concurrency`` threads otherwise: guards are blocking calls, and so
@@ -25,13 +25,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import cast
 
 from notifier import eventloop
+from notifier.delivery.outcomes import Result
 from notifier.models import Notification
-from notifier.outcomes import Result
 from notifier.providers import (
-    AsyncProvider,
     Permanent,
     Provider,
     Retry,
@@ -88,7 +86,7 @@ class Sender:
 
     def inline(self, n: Notification) -> bool:
         """Sent at once by the caller: no guard, and a provider that does no I/O."""
-        return n.guard is None and bool(getattr(self._chains[n.channel][0], "inline", False))
+        return n.guard is None and self._chains[n.channel][0].inline
 
     def on_loop(self, n: Notification) -> bool:
         """Sent on the event loop: no guard to ask, and every provider of its chain can."""
@@ -248,7 +246,7 @@ class Sender:
         for provider in chain:
             name = self._use(n, provider)
             try:
-                outcome = await cast(AsyncProvider, provider).send_async(n)
+                outcome = await provider.send_async(n)
             except Exception as exc:  # a provider bug must not lose the batch's other outcomes
                 outcome = _raised(name, n, exc)
             if not isinstance(outcome, Retry) or provider is chain[-1]:

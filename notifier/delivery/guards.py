@@ -5,7 +5,7 @@ called with it and answers ``Send()`` or ``Skip(reason)``; a skipped row becomes
 with the reason in ``last_error``. A guard that cannot decide raises ``GuardError``, and the row
 is retried like any transient failure: never sent on a guess.
 
-Guards register in the ``notifier.guards`` entry-point group, like providers. Built in:
+Guards register in the ``notifier.delivery.guards`` entry-point group, like providers. Built in:
 ``http``, which asks the URL in ``NOTIFIER_GUARD_HTTP_URL``.
 """
 
@@ -19,9 +19,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import httpx
 
 from notifier import plugins
-from notifier.models import Notification
-from notifier.providers.base import truncate
-from notifier.settings import Settings, get_settings
+from notifier.models import Notification, truncate
+from notifier.settings import Settings
 
 ENTRY_POINT_GROUP = "notifier.guards"
 
@@ -67,9 +66,9 @@ def registry_of(guards: list[Guard]) -> Registry:
     return plugins.Registry(_name, guards)
 
 
-def load_registry() -> Registry:
+def load_registry(settings: Settings) -> Registry:
     """Instantiate every guard registered under the ``notifier.guards`` entry points."""
-    return plugins.load(ENTRY_POINT_GROUP, _name)
+    return plugins.load(ENTRY_POINT_GROUP, _name, settings)
 
 
 class HttpGuard:
@@ -84,8 +83,8 @@ class HttpGuard:
 
     name: ClassVar[str] = "http"
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self._settings = settings or get_settings()
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
 

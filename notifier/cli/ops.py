@@ -16,7 +16,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notifier import client, logs, ops, store, terminal
+from notifier import client, db, logs, ops
+from notifier.cli import terminal
+from notifier.cli.parsing import parse_duration, parse_when, whole_number
+from notifier.db import producers
 from notifier.models import Status
 from notifier.settings import get_settings
 
@@ -25,8 +28,6 @@ DECLINED = 3
 
 def add_parsers(sub: Any) -> None:
     """Add the operators' subcommands to the ``notifier`` parser's subparsers."""
-    # Imported here: notifier.cli imports this module before it defines them.
-    from notifier.cli import parse_duration, parse_when, whole_number
 
     def times(p: argparse.ArgumentParser, what: str) -> None:
         since = p.add_mutually_exclusive_group()
@@ -85,7 +86,7 @@ def add_parsers(sub: Any) -> None:
         "the filters (times are when the rows were created).",
     )
     p.add_argument("key", nargs="?", help="the row's dedupe key")
-    p.add_argument("--id", type=int, help="the row's id")
+    p.add_argument("--id", type=int, action="append", default=[], help="this row (repeatable)")
     p.add_argument("--reason", default="cancelled by operator", help="stored in last_error")
     p.add_argument("--channel", action="append", default=[], help="this channel (repeatable)")
     p.add_argument("--campaign", help="rows of this campaign (by name)")
@@ -126,7 +127,7 @@ def _logged(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _stats(args: argparse.Namespace) -> int:
-    stats = ops.stats(store.engine(), args.minutes)
+    stats = ops.stats(db.engine(), args.minutes)
     q = stats.queue
     if args.json:
         terminal.json_line(
@@ -171,7 +172,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    story = ops.show(store.engine(), args.id)
+    story = ops.show(db.engine(), args.id)
     if story is None:
         print(f"no notification {args.id}", file=sys.stderr)
         return 1
@@ -218,7 +219,7 @@ def _requeue(args: argparse.Namespace) -> int:
         until=args.until,
         error=args.error,
     )
-    engine = store.engine()
+    engine = db.engine()
     count, snap = ops.count_requeue(engine, f)
     return _bulk(
         args,
@@ -236,8 +237,8 @@ def _cancel(args: argparse.Namespace) -> int:
     filters = bool(
         args.channel or args.campaign or args.since or args.last or args.until or args.status
     )
-    if args.key is not None or args.id is not None:
-        if args.key is not None and args.id is not None:
+    if args.key is not None or args.id:
+        if args.key is not None and args.id:
             raise ValueError("give a key or --id, not both")
         if filters or args.all or args.dry_run:
             raise ValueError("a key or --id cancels one row: leave out filters, --all, --dry-run")
@@ -250,7 +251,7 @@ def _cancel(args: argparse.Namespace) -> int:
         since=_since(args),
         until=args.until,
     )
-    engine = store.engine()
+    engine = db.engine()
     count, snap = ops.count_cancel(engine, f)
     return _bulk(
         args,
@@ -265,19 +266,23 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _cancel_one(args: argparse.Namespace) -> int:
+    """Cancel the row with this key, or each row of ``--id``; 1 if any was not waiting."""
     reason = args.reason
-    with store.engine().begin() as conn:
-        if args.id is not None:
-            done = store.cancel_by_id(conn, args.id, reason)
-            what = f"notification {args.id}"
+    outcomes: list[tuple[str, bool]] = []
+    with db.engine().begin() as conn:
+        if args.id:
+            for row_id in dict.fromkeys(args.id):
+                done = producers.cancel_by_id(conn, row_id, reason)
+                outcomes.append((f"notification {row_id}", done))
         else:
             done = client.cancel(conn, args.key, reason)
-            what = f"the notification with key {terminal.shown(repr(args.key))}"
-    if not done:
-        print(f"{what} was not waiting to be sent (no such row, or already finished)")
-        return 1
-    print(f"cancelled {what}")
-    return 0
+            outcomes.append((f"the notification with key {terminal.shown(repr(args.key))}", done))
+    for what, done in outcomes:
+        if done:
+            print(f"cancelled {what}")
+        else:
+            print(f"{what} was not waiting to be sent (no such row, or already finished)")
+    return 0 if all(done for _, done in outcomes) else 1
 
 
 def _need_a_filter(args: argparse.Namespace, given: object) -> None:
@@ -348,7 +353,7 @@ def _progress(done: str) -> ops.Progress:
 def _purge(args: argparse.Namespace) -> int:
     settings = get_settings()
     report = ops.purge(
-        store.engine(),
+        db.engine(),
         settings,
         dry_run=args.dry_run,
         batch_size=args.batch_size,

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from notifier import store
-from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Status
+from notifier import db
+from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Progress
 
 
 def add_parser(sub: Any) -> None:
@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _campaigns() -> Campaigns:
-    return Campaigns(store.engine())
+    return Campaigns(db.engine())
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -157,8 +157,12 @@ def _status(args: argparse.Namespace) -> int:
 def _simple(args: argparse.Namespace) -> int:
     campaigns = _campaigns()
     count = getattr(campaigns, args.verb)(args.name)
-    said = {"pause": "held back", "resume": "released", "cancel": "cancelled"}[args.verb]
-    print(f"campaign {args.name!r}: {args.verb}d; {count} notifications {said}")
+    done, said = {
+        "pause": ("paused", "held back"),
+        "resume": ("resumed", "released"),
+        "cancel": ("cancelled", "cancelled"),
+    }[args.verb]
+    print(f"campaign {args.name!r}: {done}; {count} notifications {said}")
     return 0
 
 
@@ -179,14 +183,14 @@ def _watch(campaigns: Campaigns, name: str) -> int:
     return 0
 
 
-def _counts(status: Status) -> str:
+def _counts(status: Progress) -> str:
     c = status.counts
     return (
         f"enqueued {c.notifications}  sent {status.sent}  retrying {c.retrying}  dead {status.dead}"
     )
 
 
-def _summary(status: Status) -> str:
+def _summary(status: Progress) -> str:
     c = status.counts
     lines = [
         f"campaign {status.campaign.name!r} ({status.campaign.channel}): {status.campaign.status}",

@@ -1,6 +1,6 @@
 """All SQL of campaigns but their imports: the set-based fan-out, cancel, pause and resume.
 
-Like ``notifier.store``, a module that talks to the driver. Every step is
+Part of ``notifier.db``, the package that talks to the driver. Every step is
 idempotent, so a launch that died half-way is finished by running it again:
 
 * a recipient is staged once (primary key ``(campaign_id, recipient)``), a code once (primary
@@ -17,7 +17,7 @@ Launch chunks and the status changes that must see all of them (cancel, pause, r
 turns on a lock per campaign (``hold_writes``), so a cancel is final for every row a launch
 writes, before or after it.
 
-The imports of audiences and codes are in ``notifier.campaign_imports``.
+The imports of audiences and codes are in ``notifier.db.audience``.
 """
 
 from __future__ import annotations

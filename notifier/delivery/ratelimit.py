@@ -19,63 +19,15 @@ If Redis cannot be reached the limiter raises, and the dispatcher sends nothing 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
+from notifier.specs import Window
+
 #: Longest a receiver's 429 holds it back, whatever its ``Retry-After`` says.
 MAX_HOLD_SECONDS = 3600.0
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*(?::\s*(\d+))?\s*$")
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """At most ``limit`` sends per ``period`` seconds, in bursts of at most ``burst``."""
-
-    limit: int
-    period: float
-    burst: int
-    spelling: str
-
-    @property
-    def rate_per_ms(self) -> float:
-        return self.limit / (self.period * 1000.0)
-
-
-def parse_window(text: str) -> Window:
-    """``100/s``, ``20000/h``, ``500/10s`` (per ten seconds), ``100/s:20`` (burst of 20).
-
-    The burst defaults to a tenth of a second's worth for windows of a second or less (so a
-    per-second limit is never exceeded by more than a tenth) and to the whole limit otherwise.
-    """
-    match = _WINDOW.match(text)
-    if not match:
-        raise ValueError(
-            f"{text!r} is not a rate window: write N/unit with unit s, m, h or d, e.g. 100/s,"
-            " 20000/h, 500/10s, or 100/s:20 for a burst of 20"
-        )
-    limit, count, unit, burst = match.groups()
-    period = (float(count) if count else 1.0) * _UNITS[unit]
-    if int(limit) < 1 or period <= 0:
-        raise ValueError(f"{text!r}: the limit and the period must be positive")
-    default_burst = max(1, math.ceil(int(limit) / (10 * period))) if period <= 1 else int(limit)
-    return Window(int(limit), period, int(burst) if burst else default_burst, text.strip())
-
-
-def parse_limits(text: str) -> dict[str, list[Window]]:
-    """``email=100/s,20000/h;webhook=500/s`` -> windows by provider."""
-    limits: dict[str, list[Window]] = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        provider, sep, windows = part.partition("=")
-        if not sep or not provider.strip() or not windows.strip():
-            raise ValueError(f"{part!r} is not provider=windows, e.g. email=100/s,20000/h")
-        limits[provider.strip()] = [parse_window(w) for w in windows.split(",")]
-    return limits
 
 
 # KEYS: one bucket per window of the provider.
@@ -126,6 +78,29 @@ return 1
 """
 
 
+class Limiter(Protocol):
+    """What the dispatcher asks of rate limits: ``RateLimiter``, or ``NoLimits``."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]: ...
+
+    def block(self, provider: str, seconds: float) -> None: ...
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]: ...
+
+
+class NoLimits:
+    """Every send is granted at once."""
+
+    def acquire(self, provider: str, count: int) -> tuple[int, float]:
+        return count, 0.0
+
+    def block(self, provider: str, seconds: float) -> None:
+        return
+
+    def held(self, scopes: Sequence[str]) -> dict[str, float]:
+        return {}
+
+
 class RateLimiter:
     """Token buckets per provider in Redis; see the module docstring for the key layout."""
 
@@ -134,9 +109,6 @@ class RateLimiter:
         self._client = client
         self._acquire = client.register_script(ACQUIRE)
         self._block = client.register_script(BLOCK)
-
-    def limited(self, provider: str) -> bool:
-        return provider in self._limits
 
     def acquire(self, provider: str, count: int) -> tuple[int, float]:
         """Take up to ``count`` sends for ``provider``: (granted, seconds until more)."""

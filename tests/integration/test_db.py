@@ -1,4 +1,4 @@
-"""The store's statements against a real PostgreSQL."""
+"""The statements of ``notifier.db`` against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 
 from sqlalchemy import Engine, text
 
-from notifier import store
+from notifier.db import queue, rescue
 
 
 def _insert(engine: Engine, n: int = 1, **cols: object) -> list[int]:
@@ -25,9 +25,9 @@ def _insert(engine: Engine, n: int = 1, **cols: object) -> list[int]:
 def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine) -> None:
     ids = _insert(engine, 5)
     with engine.begin() as conn:
-        first = store.claim_due(conn, limit=3, lease_seconds=60, token=uuid.uuid4(), worker="a")
+        first = queue.claim_due(conn, limit=3, lease_seconds=60, token=uuid.uuid4(), worker="a")
     with engine.begin() as conn:
-        second = store.claim_due(conn, limit=10, lease_seconds=60, token=uuid.uuid4(), worker="b")
+        second = queue.claim_due(conn, limit=10, lease_seconds=60, token=uuid.uuid4(), worker="b")
     assert len(first) == 3
     assert len(second) == 2
     assert {n.id for n in first} | {n.id for n in second} == set(ids)
@@ -38,13 +38,13 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
     (row_id,) = _insert(engine)
     old = uuid.uuid4()
     with engine.begin() as conn:
-        store.claim_due(conn, limit=1, lease_seconds=60, token=old, worker="a")
+        queue.claim_due(conn, limit=1, lease_seconds=60, token=old, worker="a")
         conn.execute(text("UPDATE notifications SET locked_until = now() - interval '1s'"))
-        assert store.rescue_expired(conn) == {"pending": 1, "dead": 0}
+        assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         new = uuid.uuid4()
-        assert len(store.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
-        assert store.mark_sent(conn, old, {row_id: "late"}, {}) == 0
-        assert store.mark_sent(conn, new, {row_id: "ok"}, {row_id: "null"}) == 1
+        assert len(queue.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
+        assert queue.mark_sent(conn, old, {row_id: "late"}, {}) == 0
+        assert queue.mark_sent(conn, new, {row_id: "ok"}, {row_id: "null"}) == 1
         row = conn.execute(text("SELECT status, attempts, rescues FROM notifications")).one()
         history = conn.execute(
             text("SELECT attempt, worker, outcome FROM notification_attempts")

@@ -13,7 +13,7 @@
    and ``DELETE FROM suppressions WHERE ...`` lifts one. notifier adds one itself when a
    provider refuses the recipient for good (``Permanent(suppress=True)``: an SMTP ``RCPT TO``
    answered ``550 5.1.1``), through ``Content.record_suppressions``. Entries are stored and
-   matched by one rule (``suppression_recipient``, see ``notifier.content_store``): email
+   matched by one rule (``suppression_recipient``, see ``notifier.db.content``): email
    addresses without surrounding whitespace and case-insensitively (``Ann@Example.COM`` is
    ``ann@example.com``), other channels' recipients exactly as written.
 
@@ -49,11 +49,12 @@ from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedErro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy import Connection, Engine
 
-from notifier import content_store
-from notifier.models import Notification
-from notifier.outcomes import Cancelled, Result
-from notifier.providers.base import Permanent, truncate
+from notifier.db import content as content_db
+from notifier.delivery.outcomes import Cancelled, Result
+from notifier.models import Notification, truncate
+from notifier.providers.base import Permanent
 from notifier.settings import Settings
+from notifier.specs import normalize_locale, parse_overrides
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,6 @@ TEMPLATE_CACHE_SECONDS = 30.0
 _TEXT = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
 _HTML = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=True)
 
-_LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
 _UNDEFINED = re.compile(r"'([^']*)' is undefined")
 
 
@@ -141,23 +141,6 @@ def render(template: Compiled, n: Notification) -> Notification:
     return replace(n, subject=subject, body=body, payload=payload)
 
 
-def normalize_locale(text: str) -> str:
-    """``de_at`` -> ``de-AT``, ``zh-hant-tw`` -> ``zh-Hant-TW``: BCP 47's conventional case,
-    so that rows and templates written either way find each other."""
-    parts = re.split(r"[-_]", text.strip())
-    if not all(_LOCALE_PART.fullmatch(p) for p in parts) or not parts[0].isalpha():
-        raise ValueError(f"{text!r} is not a locale like en, de or de-AT")
-    normalized = [parts[0].lower()]
-    for part in parts[1:]:
-        if len(part) == 2 and part.isalpha():
-            normalized.append(part.upper())
-        elif len(part) == 4 and part.isalpha():
-            normalized.append(part.title())
-        else:
-            normalized.append(part.lower())
-    return "-".join(normalized)
-
-
 def locale_chain(locale: str | None, default: str) -> list[str]:
     """The locales to look for, most specific first: ``de-AT``, ``de``, then ``default``."""
     chain: list[str] = []
@@ -167,21 +150,6 @@ def locale_chain(locale: str | None, default: str) -> list[str]:
     if default not in chain:
         chain.append(default)
     return chain
-
-
-def parse_overrides(text: str) -> dict[str, str]:
-    """``email=qa@example.com;sms=+14155550100`` -> recipient by channel."""
-    overrides: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        channel, sep, recipient = (s.strip() for s in part.partition("="))
-        if not sep or not channel or not recipient:
-            raise ValueError(
-                f"{part!r} is not channel=recipient, e.g. email=qa@example.com;sms=+14155550100"
-            )
-        if channel in overrides:
-            raise ValueError(f"channel {channel!r} is overridden twice")
-        overrides[channel] = recipient
-    return overrides
 
 
 def redirect(n: Notification, overrides: Mapping[str, str]) -> Notification:
@@ -241,7 +209,7 @@ class Content:
             with self.engine.connect() as own:
                 own.execution_options(isolation_level="AUTOCOMMIT")  # reads only: no BEGIN
                 return self.prepare(rows, own)
-        stopped = content_store.suppressed(conn, {(n.channel, n.recipient) for n in rows})
+        stopped = content_db.suppressed(conn, {(n.channel, n.recipient) for n in rows})
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
         if not stopped and not templated and not self.overrides:
             return rows, {}
@@ -282,7 +250,7 @@ class Content:
         ]
         if not entries:
             return 0
-        added = content_store.suppress_many(conn, entries)
+        added = content_db.suppress_many(conn, entries)
         if added:
             log.info("suppressed %d recipients after hard bounces", added)
         return added
@@ -319,7 +287,7 @@ class Content:
 
     def _read(self, conn: Connection, keys: set[tuple[str, str]], now: float) -> None:
         fresh = {key: _Cached(now, {}) for key in keys}
-        for row in content_store.templates_of(conn, keys):
+        for row in content_db.templates_of(conn, keys):
             locale = _stored_locale(row.locale)
             fresh[(row.name, row.channel)].by_locale[locale] = compile_template(
                 row.name, row.channel, locale, row.subject, row.body, row.html

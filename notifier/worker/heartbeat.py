@@ -1,7 +1,7 @@
 """A worker process's heartbeat: proof, renewed from a thread of its own, that it still lives.
 
-The rescue takes back the rows of a worker whose heartbeat lapsed (``worker_store.GONE``), so a
-killed worker's rows return within seconds instead of at the end of their lease. A worker that
+The rescue takes back the rows of a worker whose heartbeat lapsed (``notifier.db.workers.GONE``),
+so a killed worker's rows return within seconds instead of at the end of their lease. A worker that
 is alive but slow keeps its rows: the beat runs beside the batch, on its own connection, and a
 send that waits on the network holds neither the GIL nor a database connection.
 
@@ -14,11 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any
 
-import psycopg
-
-from notifier import worker_store
+from notifier.db import workers
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +32,7 @@ class Heartbeat(threading.Thread):
         self.worker = name
         self.interval = interval
         self._stopped = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: workers.BeatConnection | None = None
 
     @property
     def grace(self) -> float:
@@ -45,10 +42,10 @@ class Heartbeat(threading.Thread):
         """Renew now; False (and the connection dropped, to be made again) if that failed."""
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = worker_store.connect(self.database_url)
-            worker_store.beat(self._conn, self.worker, self.grace)
+                self._conn = workers.connect(self.database_url)
+            workers.beat(self._conn, self.worker, self.grace)
             return True
-        except psycopg.Error as exc:
+        except workers.DriverError as exc:
             log.warning("heartbeat of %s failed (%s); trying again", self.worker, exc)
             self._close()
             return False
@@ -68,14 +65,14 @@ class Heartbeat(threading.Thread):
                 return
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = worker_store.connect(self.database_url)
-            worker_store.retire(self._conn, self.worker)
-        except psycopg.Error as exc:  # then its heartbeat lapses by itself
+                self._conn = workers.connect(self.database_url)
+            workers.retire(self._conn, self.worker)
+        except workers.DriverError as exc:  # then its heartbeat lapses by itself
             log.warning("could not retire worker %s: %s", self.worker, exc)
         self._close()
 
     def _close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
+            with contextlib.suppress(workers.DriverError):
                 self._conn.close()
             self._conn = None

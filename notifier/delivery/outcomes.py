@@ -7,11 +7,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from notifier.models import Notification
+from notifier.delivery.retry import RetryPolicy, next_attempt_at
+from notifier.models import Attempt, Notification, RetryAt, truncate
 from notifier.providers import Outcome, Permanent, Sent
-from notifier.providers.base import truncate
-from notifier.retry import RetryPolicy, next_attempt_at
-from notifier.store import Attempt, RetryAt
 
 
 @dataclass(frozen=True, slots=True)

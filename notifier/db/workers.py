@@ -18,6 +18,8 @@ import psycopg
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
+from notifier.db.sql import for_driver
+
 #: A SQL condition on ``workers AS w``: that worker process is gone (see the module docstring).
 #: NULL, never true, when ``w`` is the missing side of an outer join.
 GONE = """(w.alive_until < now()
@@ -25,14 +27,16 @@ GONE = """(w.alive_until < now()
                + (w.alive_until - w.last_seen) < now())"""
 
 # Run on the heartbeat's own autocommit connection; the first run writes ``started_at``.
-BEAT = """
+BEAT = for_driver(
+    """
     INSERT INTO workers AS w (name, started_at, last_seen, alive_until)
-    VALUES (%(name)s, now(), now(), now() + make_interval(secs => %(grace)s))
+    VALUES (:name, now(), now(), now() + make_interval(secs => :grace))
     ON CONFLICT (name) DO UPDATE
        SET last_seen = now(), alive_until = excluded.alive_until
 """
+)
 
-RETIRE = "UPDATE workers SET last_seen = now(), alive_until = now() WHERE name = %(name)s"
+RETIRE = for_driver("UPDATE workers SET last_seen = now(), alive_until = now() WHERE name = :name")
 
 #: Rows of workers gone this long ago are forgotten (their rows were rescued long since).
 FORGET_AFTER = "1 day"
@@ -57,6 +61,13 @@ CONNECTION_LIMITS = text(
            (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
     """
 )
+
+
+#: What the driver raises when the heartbeat's connection fails.
+DriverError = psycopg.Error
+
+#: The heartbeat's connection of its own (``connect``).
+BeatConnection = psycopg.Connection[Any]
 
 
 def connect(database_url: str) -> psycopg.Connection[Any]:

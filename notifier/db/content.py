@@ -1,8 +1,8 @@
 """All SQL of content: templates and the suppression list.
 
-Like ``notifier.store``, a module that talks to the driver; ``notifier.content`` sees none of
-it. The dispatcher's two lookups take a whole batch at once (its keys probed in the primary
-keys), so a batch costs one statement for each, never one per row.
+``notifier.delivery.prepare`` sees none of it. The dispatcher's two lookups take a whole batch
+at once (its keys probed in the primary keys), so a batch costs one statement for each, never
+one per row.
 
 Suppression entries are stored and looked up by one rule, the database function
 ``suppression_recipient(channel, recipient)`` (migration 0009): an email address trimmed and in

@@ -28,34 +28,34 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, TypeVar
+from typing import TypeVar
 from uuid import UUID, uuid4
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
-from notifier import guards as guards_module
-from notifier import store
-from notifier.content import Content
-from notifier.guards import GuardError, Skip
-from notifier.models import Notification
-from notifier.outcomes import Cancelled, Plan, Result, attempts_of, plan
+from notifier.db import queue
+from notifier.delivery import guards as guards_module
+from notifier.delivery.checks import RowCheck, named
+from notifier.delivery.guards import GuardError, Skip
+from notifier.delivery.outcomes import Cancelled, Result, attempts_of, plan
+from notifier.delivery.prepare import Content
+from notifier.delivery.ratelimit import Limiter, NoLimits
+from notifier.delivery.recorder import Recorder
+from notifier.delivery.retry import RetryPolicy
+from notifier.delivery.sender import Sender
+from notifier.models import Attempt, Notification
 from notifier.providers import (
-    InvalidNotification,
     Permanent,
     Registry,
     Retry,
     chains,
-    parse_failover,
 )
-from notifier.providers.base import truncate
-from notifier.retry import RetryPolicy
-from notifier.sending import Sender
 from notifier.settings import Settings
-from notifier.validation import check_common
+from notifier.specs import parse_failover
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,29 +69,6 @@ LIMITER_PACE = 0.02
 
 class SendingPaused(Exception):
     """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
-
-
-class Limiter(Protocol):
-    """Shared rate limits per provider (``notifier.ratelimit.RateLimiter``)."""
-
-    def acquire(self, provider: str, count: int) -> tuple[int, float]: ...
-
-    def block(self, provider: str, seconds: float) -> None: ...
-
-    def held(self, scopes: Sequence[str]) -> dict[str, float]: ...
-
-
-class NoLimits:
-    """Every send is granted at once."""
-
-    def acquire(self, provider: str, count: int) -> tuple[int, float]:
-        return count, 0.0
-
-    def block(self, provider: str, seconds: float) -> None:
-        return
-
-    def held(self, scopes: Sequence[str]) -> dict[str, float]:
-        return {}
 
 
 def _always_open() -> None:
@@ -112,6 +89,33 @@ class BatchReport:
     took: float = 0.0
     #: why this batch could not send, when the send gate or the limiter was closed
     paused: str | None = None
+
+    def log(self, worker: str) -> None:
+        """The batch's one summary line."""
+        log.info(
+            "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
+            " took=%.3fs",
+            self.claimed,
+            self.sent,
+            self.retried,
+            self.dead,
+            self.cancelled,
+            self.released,
+            self.stale,
+            self.took,
+            extra={
+                "event": "batch",
+                "claimed": self.claimed,
+                "sent": self.sent,
+                "retried": self.retried,
+                "dead": self.dead,
+                "cancelled": self.cancelled,
+                "released": self.released,
+                "stale": self.stale,
+                "took": round(self.took, 3),
+                "worker": worker,
+            },
+        )
 
 
 class Dispatcher:
@@ -135,7 +139,7 @@ class Dispatcher:
         stopping: threading.Event | None = None,
         guards: guards_module.Registry | None = None,
         limiter: Limiter | None = None,
-        observe: Callable[[list[store.Attempt]], None] = lambda attempts: None,
+        observe: Callable[[list[Attempt]], None] = lambda attempts: None,
         content: Content | None = None,
     ) -> None:
         self.engine = engine
@@ -154,9 +158,11 @@ class Dispatcher:
         self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
-        self._read_limits = store.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
+        self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
         self._chains = chains(registry, parse_failover(settings.failover))
         self._sender = Sender(self._chains, settings)
+        self._check = RowCheck(self._chains, settings, clock)
+        self._recorder = Recorder(engine, settings, self.worker, self.content)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -205,7 +211,7 @@ class Dispatcher:
             return report
         token = uuid4()
         with self.engine.begin() as conn:
-            claimed = store.claim_due(
+            claimed = queue.claim_due(
                 conn,
                 limit=self.settings.batch_size,
                 lease_seconds=self.settings.lease_seconds,
@@ -217,30 +223,7 @@ class Dispatcher:
         if claimed:
             self._process(token, claimed, deadline, report)
             report.took = time.monotonic() - started
-            log.info(
-                "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
-                " took=%.3fs",
-                report.claimed,
-                report.sent,
-                report.retried,
-                report.dead,
-                report.cancelled,
-                report.released,
-                report.stale,
-                report.took,
-                extra={
-                    "event": "batch",
-                    "claimed": report.claimed,
-                    "sent": report.sent,
-                    "retried": report.retried,
-                    "dead": report.dead,
-                    "cancelled": report.cancelled,
-                    "released": report.released,
-                    "stale": report.stale,
-                    "took": round(report.took, 3),
-                    "worker": self.worker,
-                },
-            )
+            report.log(self.worker)
         return report
 
     def close(self) -> None:
@@ -249,9 +232,7 @@ class Dispatcher:
         self._sender.close()
         self.registry.close()
         for provider in self.registry.values():
-            shutdown = getattr(provider, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            provider.shutdown()
         self.guards.close()
 
     # -- the stages of a batch ------------------------------------------------------------------
@@ -290,7 +271,9 @@ class Dispatcher:
         history = attempts_of(attempted, decided, self._sender.durations, self._sender.used)
         ended = dict(self._sender.ended)
         self._sender.forget()
-        report.stale += len(results) - self._record(token, decided, history, ended, rows, results)
+        report.stale += len(results) - self._recorder.record(
+            token, decided, history, ended, rows, results
+        )
         self.observe(history)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
         report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
@@ -301,13 +284,13 @@ class Dispatcher:
         batch raises anything but a database error, each row is prepared alone, and a row that
         still raises is ``dead``, naming the exception."""
         try:
-            return self._write(lambda c: self.content.prepare(rows, c))
+            return self._recorder.write(lambda c: self.content.prepare(rows, c))
         except DBAPIError:
             raise
         except Exception as exc:
             if len(rows) == 1:
                 log.exception("preparing notification %d raised", rows[0].id)
-                why = f"invalid notification: preparing it raised {_named(exc)}"
+                why = f"invalid notification: preparing it raised {named(exc)}"
                 return [], {rows[0].id: Permanent(why)}
         prepared: list[Notification] = []
         results: dict[int, Result] = {}
@@ -316,38 +299,6 @@ class Dispatcher:
             prepared += ready
             results.update(decided)
         return prepared, results
-
-    def _check(self, n: Notification) -> Result | None:
-        """Why the row cannot be sent now, found without any network call; None if it can.
-
-        Whatever the row holds, this answers: an exception a check did not expect is the row's
-        own ``Permanent`` outcome (naming the exception), never its batch's."""
-        try:
-            return self._checked(n)
-        except Exception as exc:
-            log.exception("checking notification %d raised", n.id)
-            return Permanent(f"invalid notification: checking it raised {_named(exc)}")
-
-    def _checked(self, n: Notification) -> Result | None:
-        if n.defect is not None:
-            return Permanent(f"invalid notification: {n.defect}")
-        chain = self._chains.get(n.channel)
-        if not chain:
-            known = ", ".join(sorted(self._chains)) or "none"
-            return Permanent(f"unknown channel {n.channel!r}; this deployment serves: {known}")
-        provider = chain[0]
-        try:
-            if not isinstance(n.payload, dict):
-                raise InvalidNotification(
-                    f"payload must be a JSON object, not {type(n.payload).__name__}"
-                )
-            check_common(n, self.settings)
-            provider.validate(n)
-        except InvalidNotification as exc:
-            return Permanent(f"invalid notification: {exc}")
-        if n.expires_at is not None and self.clock() >= n.expires_at:
-            return Cancelled("expired")
-        return None
 
     def _send_all(
         self,
@@ -385,7 +336,7 @@ class Dispatcher:
                     report.paused = str(exc)
                     closing = True
             if closing and (queue or ready):
-                report.released += self._release(token, [n.id for n in queue + ready])
+                report.released += self._recorder.release(token, [n.id for n in queue + ready])
                 queue, ready = [], []
             if ready and time.monotonic() - looked > RECHECK_AFTER:
                 ready = self._still_wanted(token, ready, report)
@@ -413,10 +364,10 @@ class Dispatcher:
         self, token: UUID, rows: list[Notification], report: BatchReport
     ) -> list[Notification]:
         """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
-        held, paused = self._write(lambda c: store.recheck(c, token, (n.id for n in rows)))
+        held, paused = self._recorder.write(lambda c: queue.recheck(c, token, (n.id for n in rows)))
         report.stale += sum(1 for n in rows if n.id not in held)
         if paused:
-            report.released += self._write(lambda c: store.park_claimed(c, token, paused))
+            report.released += self._recorder.write(lambda c: queue.park_claimed(c, token, paused))
         return [n for n in rows if n.id in held and n.id not in paused]
 
     def _grant(
@@ -448,9 +399,8 @@ class Dispatcher:
         429): those are handed back, due when the hold ends, without using up an attempt."""
         scopes: dict[int, str] = {}
         for n in queue:
-            scope_of = getattr(self._chains[n.channel][0], "throttle_scope", None)
-            scope = scope_of(n) if callable(scope_of) else None
-            if isinstance(scope, str):
+            scope = self._chains[n.channel][0].throttle_scope(n)
+            if scope is not None:
                 scopes[n.id] = scope
         if not scopes:
             return queue
@@ -466,7 +416,7 @@ class Dispatcher:
                 waiting[held[scope]].append(row_id)
         now = self.clock()
         for seconds, ids in waiting.items():
-            report.released += self._release(
+            report.released += self._recorder.release(
                 token,
                 ids,
                 not_before=now + timedelta(seconds=seconds),
@@ -496,112 +446,12 @@ class Dispatcher:
         if isinstance(verdict, Skip):
             return Cancelled(verdict.reason)
         # Asking took time: look once more that nobody cancelled the row meanwhile.
-        held, paused = self._write(lambda c: store.recheck(c, token, [n.id]))
+        held, paused = self._recorder.write(lambda c: queue.recheck(c, token, [n.id]))
         if n.id not in held:
             return Cancelled("cancelled while its guard was consulted")
         if n.id in paused:
             return Retry("its campaign was paused while its guard was consulted")
         return None
-
-    # -- recording ------------------------------------------------------------------------------
-
-    def _release(
-        self,
-        token: UUID,
-        ids: list[int],
-        *,
-        not_before: datetime | None = None,
-        reason: str | None = None,
-    ) -> int:
-        return self._write(
-            lambda c: store.release(c, token, ids, not_before=not_before, reason=reason)
-        )
-
-    def _record(
-        self,
-        token: UUID,
-        decided: Plan,
-        history: list[store.Attempt],
-        ended: dict[int, float],
-        rows: list[Notification],
-        results: dict[int, Result],
-    ) -> int:
-        recording = self.settings.record_attempts
-        durations = {a.id: a.duration_ms for a in history if a.outcome == "sent"}
-        providers = {a.id: a.provider for a in history if a.provider is not None}
-
-        def statements(c: Connection) -> int:
-            sent_history = (self.worker, durations) if recording else None
-            changed = _transitions(c, token, decided, ended, providers, sent_history)
-            if recording:
-                others = [a for a in history if a.outcome != "sent"]
-                store.record_attempts(c, self.worker, others)
-            self.content.record_suppressions(c, rows, results)
-            return changed
-
-        try:
-            return self._write(statements)
-        except (OperationalError, InterfaceError):
-            raise  # the database is gone for longer than the lease: the rescue owns the rows
-        except DBAPIError as exc:  # refused for the data: find the row, record the rest
-            return self._record_apart(token, decided, history, ended, rows, results, exc)
-
-    def _record_apart(
-        self,
-        token: UUID,
-        decided: Plan,
-        history: list[store.Attempt],
-        ended: dict[int, float],
-        rows: list[Notification],
-        results: dict[int, Result],
-        exc: DBAPIError,
-    ) -> int:
-        """Record a batch whose outcomes the database refused, in halves, down to the row it
-        refuses: that row is recorded plainly (its transition, without anything a provider
-        wrote), and no row that was sent is left to be sent again."""
-        ids = decided.ids()
-        if len(ids) > 1:
-            halves = (ids[: len(ids) // 2], ids[len(ids) // 2 :])
-            return sum(
-                self._record(
-                    token,
-                    decided.only(half),
-                    [a for a in history if a.id in set(half)],
-                    ended,
-                    [n for n in rows if n.id in set(half)],
-                    results,
-                )
-                for half in halves
-            )
-        # Only the error's kind: its message may quote the very data the database refused.
-        kind = type(exc.orig or exc).__name__
-        sqlstate = getattr(exc.orig, "sqlstate", None) or "?"
-        why = f"its outcome could not be stored ({kind}, SQLSTATE {sqlstate}); see the worker's log"
-        log.error("recording notification %s failed: %s", ids, exc)
-        plain = decided.plainly(truncate(why))
-        try:
-            return self._write(lambda c: _transitions(c, token, plain, ended))
-        except DBAPIError:
-            log.exception("notification %s: even its plain outcome was refused", ids)
-            return 0
-
-    def _write(self, statements: Callable[[Connection], T]) -> T:
-        """Run one short transaction, retrying until it commits if the database goes away.
-
-        Gives up only when the lease has run out: by then the rescue owns the rows.
-        """
-        deadline = time.monotonic() + self.settings.lease_seconds
-        delay = 0.1
-        while True:
-            try:
-                with self.engine.begin() as conn:
-                    return statements(conn)
-            except (OperationalError, InterfaceError) as exc:  # connection lost, db restarting
-                if time.monotonic() + delay >= deadline:
-                    raise
-                log.warning("database write failed (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
 
 def process_name() -> str:
@@ -609,26 +459,3 @@ def process_name() -> str:
     lives. The nonce tells apart a process from its predecessor with the same PID, as in a
     restarted container, so the dead one's rows are not taken for the living one's."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def _named(exc: BaseException) -> str:
-    """An exception as a row's reason: its class and message, on one bounded line."""
-    return truncate(f"{type(exc).__name__}: {exc}", 300)
-
-
-def _transitions(
-    c: Connection,
-    token: UUID,
-    decided: Plan,
-    ended: dict[int, float],
-    providers: dict[int, str] | None = None,
-    sent_history: tuple[str, dict[int, int | None]] | None = None,
-) -> int:
-    """Every guarded transition of a plan; how many rows they changed."""
-    return (
-        store.mark_sent(c, token, decided.sent, providers or {}, sent_history, sent_at=ended)
-        + store.schedule_retry(c, token, decided.retries)
-        + store.defer(c, token, decided.deferred)
-        + store.mark_dead(c, token, decided.dead)
-        + store.mark_cancelled(c, token, decided.cancelled)
-    )

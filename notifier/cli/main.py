@@ -1,85 +1,29 @@
-"""The `notifier` command; operator commands live in ops_cli, campaign ones in campaign_cli."""
+"""The ``notifier`` command: its root, ``send``, ``migrate``, ``health`` and ``metrics``; the other
+command groups live beside it (``ops``, ``campaigns``, ``content``)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
-import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
-from pathlib import Path
 
 import redis
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from notifier import (
-    campaign_cli,
-    client,
-    content_cli,
-    health,
-    logs,
-    metrics,
-    ops_cli,
-    store,
-    terminal,
-)
+from notifier import client, db, health, logs, metrics
+from notifier.cli import campaigns as campaign_cli
+from notifier.cli import content as content_cli
+from notifier.cli import ops as ops_cli
+from notifier.cli import terminal
+from notifier.cli.parsing import parse_duration, parse_when
 from notifier.console import command as console_command
+from notifier.db import errors, migrate
 from notifier.providers import load_registry
 from notifier.settings import get_settings
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.ASCII)
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-#: The longest duration any option takes: ten years reaches any row worth naming, and a time
-#: that far from now is still a date PostgreSQL and Python can both hold.
-MAX_DURATION = timedelta(days=3650)
-
-
-def _quoted(value: str) -> str:
-    """An argument as an error message shows it: quoted, cut short, control characters spelled."""
-    return terminal.shown(repr(value if len(value) <= 40 else value[:40] + "..."))
-
-
-def parse_duration(value: str) -> timedelta:
-    """``90s``, ``15m``, ``24h``, ``7d`` -> a timedelta, at most ``MAX_DURATION``."""
-    match = _DURATION.fullmatch(value.strip())
-    shown = _quoted(value)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"{shown} is not a duration: use a number and s, m, h or d (e.g. 24h)"
-        )
-    seconds = float(match[1]) * _UNITS[match[2]]
-    if seconds > MAX_DURATION.total_seconds():
-        raise argparse.ArgumentTypeError(f"{shown} is too long: at most {MAX_DURATION.days}d")
-    return timedelta(seconds=seconds)
-
-
-def whole_number(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from ``low`` to ``high``."""
-
-    def parse(value: str) -> int:
-        text = value.strip()
-        shown = _quoted(text)
-        if not re.fullmatch(r"-?\d+", text, re.ASCII):
-            raise argparse.ArgumentTypeError(f"{shown} is not a whole number")
-        if len(text) > 19 or not low <= int(text) <= high:
-            raise argparse.ArgumentTypeError(f"{shown} is out of range: {low} to {high}")
-        return int(text)
-
-    return parse
-
-
-def parse_when(value: str) -> datetime:
-    """An ISO 8601 time; without a zone it is taken as UTC."""
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not an ISO 8601 time (e.g. 2026-12-01T09:00:00+00:00)"
-        ) from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _payload(value: str) -> dict[str, object]:
@@ -92,56 +36,38 @@ def _payload(value: str) -> dict[str, object]:
     return data
 
 
-def alembic_dir() -> Path:
-    """The migrations: ``notifier/_migrations`` once installed from a wheel (pyproject.toml puts
-    them there), the repository's ``alembic/`` in a checkout or an editable install."""
-    package = Path(__file__).resolve().parent
-    for place in (package / "_migrations", package.parent / "alembic"):
-        if (place / "env.py").is_file():
-            return place
-    raise FileNotFoundError(f"notifier's migrations are missing from {package}: reinstall it")
-
-
-def migrate(database_url: str | None = None, *, down_to: str | None = None) -> None:
-    """Create the database if it does not exist, then upgrade it to the newest schema; or, with
-    ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
-    from alembic import command
-    from alembic.config import Config
-
-    url = make_url(database_url or get_settings().database_url)
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
-        ).first()
-        if not exists:
-            quoted = conn.dialect.identifier_preparer.quote(url.database or "notifier")
-            conn.execute(text(f"CREATE DATABASE {quoted}"))
-            print(f"created database {url.database}")
-    admin.dispose()
-
-    config = Config()
-    config.set_main_option("script_location", str(alembic_dir()))
-    config.attributes["configure_logging"] = False
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        if down_to is None:
-            command.upgrade(config, "head")
-        else:
-            command.downgrade(config, down_to)
-    engine.dispose()
-    where = "the newest schema" if down_to is None else f"revision {down_to}"
-    print(f"database {url.database} is at {where}")
-
-
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    migrate(down_to=args.down_to)
+    migrate.migrate(down_to=args.down_to)
     return 0
 
 
+def _check_channel(channel: str) -> None:
+    """Refuse a channel no installed provider serves, before a row is written for it."""
+    registry = load_registry(get_settings())
+    channels = sorted({p.channel for p in registry.values()})
+    registry.close()
+    if channel in channels:
+        return
+    close = difflib.get_close_matches(channel, channels, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"no provider serves channel {_shown(channel)} (installed: {', '.join(channels)}){hint}"
+    )
+
+
+def _shown(value: str) -> str:
+    return terminal.shown(repr(value))
+
+
 def _cmd_send(args: argparse.Namespace) -> int:
-    with store.engine().begin() as conn:
+    _check_channel(args.channel)
+    now = datetime.now(UTC)
+    send_at = args.at if args.at is not None else now + (args.delay or timedelta(0))
+    if args.expires_in is not None and now + args.expires_in <= send_at:
+        raise ValueError(
+            "--expires-in ends before the send time (--in or --at): the row would expire unsent"
+        )
+    with db.engine().begin() as conn:
         result = client.enqueue(
             conn,
             channel=args.channel,
@@ -171,7 +97,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     checks = health.check(
-        store.engine(), client, settings, settings.heartbeat_file if args.worker else None
+        db.engine(), client, settings, settings.heartbeat_file if args.worker else None
     )
     client.close()
     if args.json:
@@ -185,8 +111,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
 def _cmd_metrics(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    labels = metrics.Labels.of(load_registry())
-    metrics.serve(store.engine(), client, labels, args.port or settings.metrics_port, args.host)
+    labels = metrics.Labels.of(load_registry(get_settings()))
+    metrics.serve(db.engine(), client, labels, args.port or settings.metrics_port, args.host)
     return 0
 
 
@@ -197,7 +123,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    app = create_app(settings, store.engine(), client)
+    app = create_app(settings, db.engine(), client)
     # Behind a TLS-terminating proxy; Twilio's signature uses NOTIFIER_EVENTS_PUBLIC_URL, not
     # the Host header, so no forwarded header is trusted.
     uvicorn.run(app, host=args.host, port=args.port or settings.events_port, proxy_headers=False)
@@ -269,16 +195,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit statuses besides 0 (done), 1 (nothing matched), 2 (bad arguments or settings) and 3
+#: (the operator declined): the database cannot be reached, it does not exist, Redis cannot be
+#: reached.
+DATABASE_UNREACHABLE, DATABASE_MISSING, REDIS_UNREACHABLE = 4, 5, 6
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         logs.configure(get_settings())
         with terminal.guarded():
             return int(args.func(args))
+    except (OperationalError, InterfaceError) as exc:
+        line = errors.connection_problem(exc, get_settings().database_url)
+        if line is None:
+            raise
+        print(f"notifier: {terminal.shown(line)}", file=sys.stderr)
+        return DATABASE_MISSING if errors.database_missing(exc) else DATABASE_UNREACHABLE
+    except redis.ConnectionError as exc:
+        print(
+            f"notifier: cannot connect to Redis (NOTIFIER_REDIS_URL): {terminal.shown(exc)}",
+            file=sys.stderr,
+        )
+        return REDIS_UNREACHABLE
     except (ValueError, OSError) as exc:
         print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from notifier.store import POOL_OVERFLOW, POOL_SIZE
-from notifier.worker_store import ConnectionLimits
+from notifier.db import POOL_OVERFLOW, POOL_SIZE
+from notifier.db.workers import ConnectionLimits
 
 #: One pool process: its engine at most, and its heartbeat.
 PER_POOL_PROCESS = POOL_SIZE + POOL_OVERFLOW + 1

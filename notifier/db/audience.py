@@ -1,6 +1,6 @@
 """All SQL of a campaign's imports: its audience (a CSV file, a query) and its codes.
 
-Like ``notifier.campaign_store``, a module that talks to the driver. A recipient is staged once
+Like ``notifier.db.campaigns``, a module that talks to the driver. A recipient is staged once
 (primary key ``(campaign_id, recipient)``), a code once (primary key ``(campaign_id, code)``);
 both get dense positions per campaign as they are imported, and recipient N is given code N.
 Imports into one campaign take turns (an advisory lock), so their positions never collide.
@@ -16,7 +16,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Connection, text
 
-from notifier import store
+from notifier import db
+from notifier.db.sql import for_driver
 from notifier.settings import get_settings
 
 LOCK_CAMPAIGN = text(
@@ -55,17 +56,19 @@ QUERIED_STAGE = "CREATE TEMP TABLE stage (recipient text, fields jsonb) ON COMMI
 
 STAGED_QUERY = "SELECT recipient, fields FROM stage"
 
-CODES_FROM_STAGE = """
+CODES_FROM_STAGE = for_driver(
+    """
     INSERT INTO campaign_codes (campaign_id, position, code)
-    SELECT %(campaign_id)s,
+    SELECT :campaign_id,
            (SELECT coalesce(max(position), 0) FROM campaign_codes
-             WHERE campaign_id = %(campaign_id)s) + row_number() OVER (ORDER BY s.code),
+             WHERE campaign_id = :campaign_id) + row_number() OVER (ORDER BY s.code),
            s.code
       FROM (SELECT DISTINCT trim(code) AS code FROM stage
              WHERE coalesce(trim(code), '') <> '') AS s
      WHERE NOT EXISTS (SELECT 1 FROM campaign_codes AS k
-                        WHERE k.campaign_id = %(campaign_id)s AND k.code = s.code)
+                        WHERE k.campaign_id = :campaign_id AND k.code = s.code)
 """
+)
 
 
 def import_audience(
@@ -91,7 +94,7 @@ def import_audience(
     ]
     fields = [header[i] for i in order[1:]]
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = store.driver(conn)
+    raw = db.driver(conn)
     with raw.cursor() as cur:
         columns = ", ".join(f"c{i} text" for i in range(len(order)))
         cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
@@ -127,11 +130,11 @@ def audience_from_query(
     """
     timeout = get_settings().audience_query_timeout if timeout_seconds is None else timeout_seconds
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = store.driver(conn)
+    raw = db.driver(conn)
     raw.execute(QUERIED_STAGE)
     with conn.engine.connect() as reader:
         try:
-            source = store.driver(reader)
+            source = db.driver(reader)
             source.execute("SET TRANSACTION READ ONLY")
             source.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(AUDIENCE_ROLE)))
             milliseconds = str(int(timeout * 1000))
@@ -175,7 +178,7 @@ def _refused(exc: psycopg.Error, timeout: float) -> str:
 def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> int:
     """COPY codes in, one per item; codes already in the pool are skipped."""
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
-    raw = store.driver(conn)
+    raw = db.driver(conn)
     with raw.cursor() as cur:
         cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
         with cur.copy("COPY stage (code) FROM STDIN") as copy:

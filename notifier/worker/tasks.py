@@ -1,4 +1,4 @@
-"""The Celery app and its thin tasks. All the work is in ``notifier.dispatch``.
+"""The Celery app and its thin tasks. All the work is in ``notifier.delivery.dispatcher``.
 
 Stopping: on a warm shutdown (SIGTERM to the worker) the main process passes SIGTERM on to its
 pool processes, where it sets ``STOPPING``: the dispatch under way claims nothing more, lets the
@@ -31,13 +31,19 @@ import billiard.process
 import redis
 from celery import Celery, signals
 
-from notifier import budget, eventloop, guards, health, logs, metrics, ops, store, worker_store
-from notifier.dispatch import Dispatcher, SendingPaused
-from notifier.heartbeat import MISSES, Heartbeat
+from notifier import db, eventloop, health, logs, metrics, ops
+from notifier.db import workers
+from notifier.db.rescue import rescue_expired
+from notifier.delivery import guards
+from notifier.delivery.dispatcher import Dispatcher, SendingPaused
+from notifier.delivery.ratelimit import RateLimiter
+from notifier.models import Attempt
 from notifier.providers import load_registry
-from notifier.ratelimit import RateLimiter, parse_limits
 from notifier.settings import get_settings
-from notifier.wakeup import Waker
+from notifier.specs import parse_limits
+from notifier.worker import budget
+from notifier.worker.heartbeat import MISSES, Heartbeat
+from notifier.worker.wakeup import Waker
 
 log = logging.getLogger(__name__)
 # httpx logs every request's full URL at INFO; webhook URLs often carry secrets.
@@ -57,12 +63,12 @@ STOPPING = threading.Event()
 @lru_cache(maxsize=1)
 def _dispatcher() -> Dispatcher:
     dispatcher = Dispatcher(
-        store.engine(),
-        load_registry(),
+        db.engine(),
+        load_registry(get_settings()),
         get_settings(),
         gate=_redis_gate,
         stopping=STOPPING,
-        guards=guards.load_registry(),
+        guards=guards.load_registry(get_settings()),
         limiter=RateLimiter(_redis(), parse_limits(get_settings().rate_limits)),
         observe=_count,
     )
@@ -89,7 +95,7 @@ def _stop_heartbeat() -> None:
         _heartbeat = None
 
 
-def _count(attempts: list[store.Attempt]) -> None:
+def _count(attempts: list[Attempt]) -> None:
     try:
         metrics.record(_redis(), attempts, _labels())
     except redis.RedisError as exc:  # metrics are worth less than the sends they describe
@@ -133,7 +139,7 @@ def _start_waker(**_: Any) -> None:
     global _waker
     settings = get_settings()
     if settings.wake_on_insert and _waker is None:
-        _waker = Waker(store.engine(), settings.database_url, _keep_one_waiting)
+        _waker = Waker(db.engine(), settings.database_url, _keep_one_waiting)
         _waker.start()
     try:
         _keep_one_waiting()
@@ -186,8 +192,8 @@ def _sigterm_stops_gracefully() -> Iterator[None]:
 @app.task(name="notifier.rescue")
 def rescue() -> dict[str, int]:
     """Return rows whose worker died to ``pending`` (or ``dead``, if out of attempts)."""
-    with store.engine().begin() as conn:
-        counts = store.rescue_expired(conn)
+    with db.engine().begin() as conn:
+        counts = rescue_expired(conn)
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts
@@ -199,7 +205,7 @@ def purge(after: int = 0) -> dict[str, int]:
     at a time: a fresh task carries on from where this one stopped."""
     settings = get_settings()
     budget = settings.dispatch_budget_seconds
-    report = ops.purge(store.engine(), settings, budget_seconds=budget, after=after)
+    report = ops.purge(db.engine(), settings, budget_seconds=budget, after=after)
     if not report.finished:
         purge.apply_async(kwargs={"after": report.last_id}, expires=3600)
     return report.deleted
@@ -260,8 +266,8 @@ def _check_connection_budget(instance: Any, **_: Any) -> None:
         wake_on_insert=settings.wake_on_insert,
     )
     try:
-        with store.engine().connect() as conn:
-            limits = worker_store.connection_limits(conn)
+        with db.engine().connect() as conn:
+            limits = workers.connection_limits(conn)
     except Exception as exc:  # the database is not there yet: the worker waits for it
         log.warning("could not check PostgreSQL's connection limit: %s", exc)
         return
@@ -293,7 +299,7 @@ def _after_fork(**_: Any) -> None:
     """A forked worker process must not share its parent's database or Redis sockets."""
     global _heartbeat
     _heartbeat = None  # the parent's, if it had one, did not survive the fork
-    store.dispose_engine()
+    db.dispose_engine()
     _dispatcher.cache_clear()
     _redis.cache_clear()
     try:  # load the providers now, not in the first dispatch (whose sends it would delay)

@@ -9,15 +9,22 @@ a subject's 998 characters, an https URL) stay with the providers.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
+from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import (
     MAX_NAME_LENGTH,
     MAX_RECIPIENT_LENGTH,
     MAX_SUBJECT_LENGTH,
     Notification,
+    truncate,
 )
-from notifier.providers.base import InvalidNotification
+from notifier.providers.base import InvalidNotification, Permanent, Provider
 from notifier.settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: Deepest nesting of a payload's objects and arrays: templates and receivers read a few levels,
 #: and every JSON library has a recursion limit of its own.
@@ -97,3 +104,56 @@ def payload_depth(value: object) -> int:
         depth += 1
         level = children
     return depth
+
+
+class RowCheck:
+    """Why a claimed row cannot be sent now, found without any network call; ``None`` if it
+    can: a defect found while reading it, an unknown channel, a payload that is not a JSON
+    object, the limits every row has (``check_common``), its provider's ``validate``, expiry."""
+
+    def __init__(
+        self,
+        chains: Mapping[str, Sequence[Provider]],
+        settings: Settings,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._chains = chains
+        self.settings = settings
+        self.clock = clock
+
+    def __call__(self, n: Notification) -> Result | None:
+        """Why the row cannot be sent now, found without any network call; None if it can.
+
+        Whatever the row holds, this answers: an exception a check did not expect is the row's
+        own ``Permanent`` outcome (naming the exception), never its batch's."""
+        try:
+            return self._checked(n)
+        except Exception as exc:
+            log.exception("checking notification %d raised", n.id)
+            return Permanent(f"invalid notification: checking it raised {named(exc)}")
+
+    def _checked(self, n: Notification) -> Result | None:
+        if n.defect is not None:
+            return Permanent(f"invalid notification: {n.defect}")
+        chain = self._chains.get(n.channel)
+        if not chain:
+            known = ", ".join(sorted(self._chains)) or "none"
+            return Permanent(f"unknown channel {n.channel!r}; this deployment serves: {known}")
+        provider = chain[0]
+        try:
+            if not isinstance(n.payload, dict):
+                raise InvalidNotification(
+                    f"payload must be a JSON object, not {type(n.payload).__name__}"
+                )
+            check_common(n, self.settings)
+            provider.validate(n)
+        except InvalidNotification as exc:
+            return Permanent(f"invalid notification: {exc}")
+        if n.expires_at is not None and self.clock() >= n.expires_at:
+            return Cancelled("expired")
+        return None
+
+
+def named(exc: BaseException) -> str:
+    """An exception as a row's reason: its class and message, on one bounded line."""
+    return truncate(f"{type(exc).__name__}: {exc}", 300)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from notifier import store
+from notifier.db import wakeups
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Waker(threading.Thread):
                 backoff = min(backoff * 2, 30.0)
 
     def _listen(self) -> None:
-        with store.listen(self._url) as conn:
+        with wakeups.listen(self._url) as conn:
             self._resync()
             resync_at = time.monotonic() + RESYNC_SECONDS
             while not self._stopped.is_set():
@@ -86,7 +86,7 @@ class Waker(threading.Thread):
 
     def _resync(self) -> None:
         with self._engine.connect() as conn:
-            due = store.next_wake(conn)
+            due = wakeups.next_wake(conn)
         if due is not None and (not self._timers or due < self._timers[0]):
             heapq.heappush(self._timers, due)
 

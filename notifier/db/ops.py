@@ -1,6 +1,6 @@
 """The operators' SQL: look at one row, recent throughput, requeue, bulk cancel and purge.
 
-Like ``notifier.store`` and ``notifier.campaign_store``, a module that talks to the driver.
+Part of ``notifier.db``, the package that talks to the driver.
 Every bulk change runs in batches walked by id (``id > :after ORDER BY id LIMIT :limit``), each
 batch its own short transaction whose rows are locked ``FOR UPDATE SKIP LOCKED``: a million
 matching rows never sit under one statement's locks, and a worker is never made to wait.
@@ -18,6 +18,27 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, text
+
+COUNT_BY_STATUS = text(
+    "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
+    " ORDER BY status, channel"
+)
+
+GAUGES = text(
+    """
+    SELECT (SELECT count(*) FROM notifications WHERE status = 'processing'),
+           (SELECT count(*) FROM notifications
+             WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
+    """
+)
+
+OLDEST_DUE = text(
+    """
+    SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
+      FROM notifications
+     WHERE status = 'pending' AND next_attempt_at <= now()
+    """
+)
 
 # --- looking ------------------------------------------------------------------------------------
 
@@ -101,7 +122,7 @@ _WAITING = """
 
 COUNT_WAITING = text(f"SELECT count(*) FROM notifications WHERE {_WAITING}")
 
-# A claimed row can be cancelled too, as with ``store.CANCEL_BY_ID``: its worker looks again
+# A claimed row can be cancelled too, as with ``producers.CANCEL_BY_ID``: its worker looks again
 # just before sending, and its outcome write, guarded by status, then changes nothing.
 CANCEL_WAITING = text(
     f"""
@@ -244,3 +265,32 @@ def _cutoffs(before: dict[str, datetime]) -> dict[str, datetime]:
 
 def _ids(rows: Sequence[Any]) -> list[int]:
     return [int(r[0]) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    by_status_channel: list[tuple[str, str, int]]
+    due: int
+    lag_seconds: float
+
+
+def queue_stats(conn: Connection) -> QueueStats:
+    """Rows by status and channel; due pending rows and the age of the oldest (the lag)."""
+    counts = [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
+    lag, due = conn.execute(OLDEST_DUE).one()
+    return QueueStats(counts, int(due), float(lag or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    due: int
+    lag_seconds: float
+    processing: int
+    dead_last_hour: int
+
+
+def gauges(conn: Connection) -> Gauges:
+    """What the metrics endpoint reads at every scrape; each served by a partial index."""
+    lag, due = conn.execute(OLDEST_DUE).one()
+    processing, dead = conn.execute(GAUGES).one()
+    return Gauges(int(due), float(lag or 0.0), int(processing), int(dead))

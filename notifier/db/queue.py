@@ -1,4 +1,4 @@
-"""All of notifier's SQL, one function per intent. Nothing else in the package talks to the driver.
+"""The dispatcher's statements: claim, the guarded transitions out of ``processing``, rescue.
 
 Every transition out of ``processing`` is guarded by the status and the claim token it expects,
 and returns the number of rows it changed: a worker that comes back after its rows were rescued
@@ -8,28 +8,24 @@ and claimed again changes nothing.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import lru_cache
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import psycopg
-from psycopg.abc import Buffer
-from psycopg.types.datetime import TimestamptzLoader
-from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, text
 
+from notifier.db.engine import driver
+from notifier.db.sql import for_driver, number_array, rowcount
 from notifier.models import (
     MAX_NAME_LENGTH,
     MAX_RECIPIENT_LENGTH,
     MAX_SUBJECT_LENGTH,
+    Attempt,
     Notification,
+    RetryAt,
 )
-from notifier.settings import get_settings
-from notifier.worker_store import GONE, forget_gone
 
 # What a claim reads of each row. Whatever a producer wrote, reading it cannot fail and cannot
 # cost more than the limits: long texts come back cut one character past their limit (the check
@@ -37,12 +33,12 @@ from notifier.worker_store import GONE, forget_gone
 # ``payload_read_limit`` do not come back at all (only their sizes do), and the payload comes as
 # text, parsed row by row in Python (``_decode``). Timestamps are read by ``_SafeTimestamptz``.
 _RETURNING = """
-    n.id, n.channel, left(n.recipient, %(text_cap)s), left(n.subject, %(subject_cap)s),
-    CASE WHEN octet_length(n.body) <= %(max_body)s THEN n.body END, octet_length(n.body),
-    CASE WHEN pg_column_size(n.payload) <= %(payload_cap)s THEN n.payload::text END,
+    n.id, n.channel, left(n.recipient, :text_cap), left(n.subject, :subject_cap),
+    CASE WHEN octet_length(n.body) <= :max_body THEN n.body END, octet_length(n.body),
+    CASE WHEN pg_column_size(n.payload) <= :payload_cap THEN n.payload::text END,
     pg_column_size(n.payload), n.attempts, n.max_attempts, n.created_at, n.dedupe_key,
-    n.priority, left(n.guard, %(name_cap)s), n.expires_at, left(n.template, %(name_cap)s),
-    left(n.locale, %(name_cap)s), n.deferrals
+    n.priority, left(n.guard, :name_cap), n.expires_at, left(n.template, :name_cap),
+    left(n.locale, :name_cap), n.deferrals
 """
 _CLAIM_LIMITS = {
     "text_cap": MAX_RECIPIENT_LENGTH + 1,
@@ -50,24 +46,27 @@ _CLAIM_LIMITS = {
     "name_cap": MAX_NAME_LENGTH + 1,
 }
 
-# Run on the driver's cursor (a batch's rows become Notifications without a result layer between).
-CLAIM_DUE = f"""
+# Run on the driver's cursor, hence ``for_driver``: a batch's rows become Notifications without a
+# result layer between.
+CLAIM_DUE = for_driver(
+    f"""
     UPDATE notifications AS n
        SET status = 'processing',
            attempts = n.attempts + 1,
-           claim_token = %(token)s,
-           claimed_by = %(worker)s,
-           locked_until = now() + make_interval(secs => %(lease_seconds)s),
+           claim_token = :token,
+           claimed_by = :worker,
+           locked_until = now() + make_interval(secs => :lease_seconds),
            updated_at = now()
       FROM (SELECT id
               FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()
              ORDER BY priority DESC, next_attempt_at, id
-             LIMIT %(limit)s
+             LIMIT :limit
                FOR UPDATE SKIP LOCKED) AS due
      WHERE n.id = due.id
     RETURNING {_RETURNING}
 """
+)
 
 # ``sent_at`` is when the provider accepted the row (the worker's clock, as Unix time), not when
 # the batch was recorded; never later than the database's now().
@@ -178,49 +177,6 @@ RELEASE = text(
     """
 )
 
-# A row is taken back when its lease ran out, or when the worker that claimed it is gone (its
-# heartbeat lapsed, see ``worker_store``); a claimant without a heartbeat row (an older release)
-# only by the lease. Served by the ``notifications_lease`` partial index and the workers' key.
-RESCUE_EXPIRED = text(
-    f"""
-    WITH rescued AS (
-        UPDATE notifications AS n
-           SET status = CASE WHEN n.attempts >= n.max_attempts THEN 'dead' ELSE 'pending' END,
-               rescues = n.rescues + 1,
-               locked_until = NULL,
-               next_attempt_at = now(),
-               updated_at = now(),
-               last_error = CASE WHEN expired.silent IS NULL THEN 'lease expired: worker '
-                                 ELSE 'worker gone: ' END
-                            || coalesce(n.claimed_by, '?')
-                            || CASE WHEN expired.silent IS NULL THEN ''
-                                    ELSE ' sent no heartbeat for ' || expired.silent || 's and'
-                               END
-                            || ' stopped before recording the outcome of attempt '
-                            || n.attempts || ' (it may have been delivered)'
-                            || CASE WHEN n.attempts >= n.max_attempts
-                                    THEN '; attempts used up' ELSE '' END
-          FROM (SELECT n.id,
-                       CASE WHEN n.locked_until >= now()
-                            THEN round(extract(epoch FROM now() - w.last_seen))::bigint
-                       END AS silent
-                  FROM notifications n LEFT JOIN workers w ON w.name = n.claimed_by
-                 WHERE n.status = 'processing' AND (n.locked_until < now() OR {GONE})
-                 ORDER BY n.locked_until
-                 LIMIT :limit
-                   FOR UPDATE OF n SKIP LOCKED) AS expired
-         WHERE n.id = expired.id
-        RETURNING n.id, n.status, n.attempts, n.claimed_by, n.channel, n.last_error
-    ), history AS (
-        INSERT INTO notification_attempts
-               (notification_id, attempt, worker, channel, outcome, error)
-        SELECT id, attempts, coalesce(claimed_by, '?'), channel, 'rescued', last_error
-          FROM rescued
-    )
-    SELECT id, status FROM rescued
-    """
-)
-
 RECORD_ATTEMPTS = text(
     """
     INSERT INTO notification_attempts
@@ -232,107 +188,6 @@ RECORD_ATTEMPTS = text(
            AS v(id, attempt, channel, outcome, error, duration_ms, provider)
     """
 )
-
-COUNT_BY_STATUS = text(
-    "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
-    " ORDER BY status, channel"
-)
-
-GAUGES = text(
-    """
-    SELECT (SELECT count(*) FROM notifications WHERE status = 'processing'),
-           (SELECT count(*) FROM notifications
-             WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
-    """
-)
-
-OLDEST_DUE = text(
-    """
-    SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
-      FROM notifications
-     WHERE status = 'pending' AND next_attempt_at <= now()
-    """
-)
-
-ENQUEUE = """
-    INSERT INTO notifications
-           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard, template, locale)
-    VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
-            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
-            CAST(:expires_at AS timestamptz), :guard, :template, :locale)
-    ON CONFLICT (dedupe_key) DO NOTHING
-    RETURNING id
-"""
-
-ID_BY_DEDUPE_KEY = "SELECT id FROM notifications WHERE dedupe_key = :dedupe_key"
-
-# A claimed row can be cancelled too: its worker checks again just before sending, and its
-# later outcome write, guarded by status, changes nothing.
-CANCEL_BY_KEY = """
-    UPDATE notifications
-       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
-           last_error = :reason
-     WHERE dedupe_key = :dedupe_key AND status IN ('pending', 'processing')
-    RETURNING id
-"""
-
-CANCEL_BY_ID = """
-    UPDATE notifications
-       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
-           last_error = :reason
-     WHERE id = :id AND status IN ('pending', 'processing')
-    RETURNING id
-"""
-
-NEXT_WAKE = text(
-    """
-    SELECT extract(epoch FROM min(next_attempt_at))::float8
-      FROM notifications
-     WHERE status = 'pending' AND next_attempt_at > now()
-    """
-)
-
-#: The channel the ``notifications_wake`` trigger notifies on every INSERT of pending rows.
-WAKE_CHANNEL = "notifier_wake"
-
-
-# --- the engine --------------------------------------------------------------------------------
-
-
-#: Connections an engine keeps open, and how many more it may open when they are all busy: the
-#: most one process's engine holds (counted in ``budget``).
-POOL_SIZE, POOL_OVERFLOW = 2, 2
-
-
-@lru_cache(maxsize=1)
-def engine() -> Engine:
-    """The process's engine, created on first use (after a prefork worker has forked)."""
-    return make_engine(get_settings().database_url)
-
-
-def make_engine(url: str) -> Engine:
-    """An engine whose connections read any timestamp a producer can write."""
-    eng = create_engine(
-        url,
-        pool_size=POOL_SIZE,
-        max_overflow=POOL_OVERFLOW,
-        pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
-        pool_recycle=1800,
-        connect_args={"connect_timeout": 10, "application_name": "notifier"},
-    )
-    event.listen(eng, "connect", _on_connect)
-    return eng
-
-
-def dispose_engine(*, close: bool = False) -> None:
-    """Forget the process's engine; right after fork, without closing the parent's sockets."""
-    if engine.cache_info().currsize:
-        engine().dispose(close=close)
-    engine.cache_clear()
-
-
-# --- the dispatcher's statements ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,15 +279,15 @@ def mark_sent(
         return 0
     params: dict[str, Any] = {
         "token": token,
-        "ids": _number_array(sent),
-        "sent_at": _number_array((sent_at or {}).get(i) for i in sent),
+        "ids": number_array(sent),
+        "sent_at": number_array((sent_at or {}).get(i) for i in sent),
         "message_ids": list(sent.values()),
         "providers": [providers.get(i) for i in sent],
     }
     if history is None:
-        return _rowcount(conn.execute(MARK_SENT, params))
+        return rowcount(conn.execute(MARK_SENT, params))
     worker, durations = history
-    params.update(worker=worker, durations=_number_array(durations.get(i) for i in sent))
+    params.update(worker=worker, durations=number_array(durations.get(i) for i in sent))
     return int(conn.execute(MARK_SENT_RECORDED, params).scalar_one())
 
 
@@ -440,7 +295,7 @@ def schedule_retry(conn: Connection, token: UUID, retries: Sequence[RetryAt]) ->
     """``processing`` -> ``pending`` at a later time, with the failure's reason."""
     if not retries:
         return 0
-    return _rowcount(
+    return rowcount(
         conn.execute(
             SCHEDULE_RETRY,
             {
@@ -457,7 +312,7 @@ def mark_dead(conn: Connection, token: UUID, dead: Mapping[int, str]) -> int:
     """``processing`` -> ``dead`` with the reason a producer can act on."""
     if not dead:
         return 0
-    return _rowcount(
+    return rowcount(
         conn.execute(MARK_DEAD, {"token": token, "ids": list(dead), "errors": list(dead.values())})
     )
 
@@ -467,7 +322,7 @@ def mark_cancelled(conn: Connection, token: UUID, cancelled: Mapping[int, str]) 
     if not cancelled:
         return 0
     params = {"token": token, "ids": list(cancelled), "reasons": list(cancelled.values())}
-    return _rowcount(conn.execute(MARK_CANCELLED, params))
+    return rowcount(conn.execute(MARK_CANCELLED, params))
 
 
 def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
@@ -476,7 +331,7 @@ def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int]
     held: set[int] = set()
     paused: set[int] = set()
     for row_id, is_paused in conn.execute(
-        RECHECK, {"token": token, "ids": _number_array(ids)}
+        RECHECK, {"token": token, "ids": number_array(ids)}
     ).all():
         held.add(int(row_id))
         if is_paused:
@@ -489,7 +344,7 @@ def defer(conn: Connection, token: UUID, deferrals: Sequence[RetryAt]) -> int:
     provider asked us to slow down (a 429), which says nothing about the message."""
     if not deferrals:
         return 0
-    return _rowcount(
+    return rowcount(
         conn.execute(
             DEFER,
             {
@@ -507,7 +362,7 @@ def park_claimed(conn: Connection, token: UUID, ids: Iterable[int]) -> int:
     id_list = list(ids)
     if not id_list:
         return 0
-    return _rowcount(conn.execute(PARK_CLAIMED, {"token": token, "ids": id_list}))
+    return rowcount(conn.execute(PARK_CLAIMED, {"token": token, "ids": id_list}))
 
 
 def release(
@@ -526,40 +381,7 @@ def release(
     if not id_list:
         return 0
     params = {"token": token, "ids": id_list, "not_before": not_before, "reason": reason}
-    return _rowcount(conn.execute(RELEASE, params))
-
-
-def rescue_expired(conn: Connection, *, limit: int = 1000) -> dict[str, int]:
-    """Take back rows whose lease ran out or whose worker is gone (its heartbeat lapsed): to
-    ``pending``, or ``dead`` if out of attempts.
-
-    Safe to run in several places at once (``SKIP LOCKED``). Each rescued row's ``rescues`` is
-    incremented: its last attempt may have reached the provider before the worker died. Workers
-    gone for a day are forgotten.
-    """
-    rows = conn.execute(RESCUE_EXPIRED, {"limit": limit}).all()
-    forget_gone(conn)
-    counts = {"pending": 0, "dead": 0}
-    for _, status in rows:
-        counts[status] += 1
-    return counts
-
-
-# --- what operators and producers use ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One attempt's entry in the history."""
-
-    id: int
-    attempt: int
-    channel: str
-    outcome: str
-    error: str | None
-    duration_ms: int | None
-    #: the provider that answered, when one was called
-    provider: str | None = None
+    return rowcount(conn.execute(RELEASE, params))
 
 
 def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) -> None:
@@ -579,91 +401,6 @@ def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) 
             "providers": [a.provider for a in attempts],
         },
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RetryAt:
-    id: int
-    error: str
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    by_status_channel: list[tuple[str, str, int]]
-    due: int
-    lag_seconds: float
-
-
-def queue_stats(conn: Connection) -> QueueStats:
-    """Rows by status and channel; due pending rows and the age of the oldest (the lag)."""
-    counts = [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
-    lag, due = conn.execute(OLDEST_DUE).one()
-    return QueueStats(counts, int(due), float(lag or 0.0))
-
-
-@dataclass(frozen=True, slots=True)
-class Gauges:
-    due: int
-    lag_seconds: float
-    processing: int
-    dead_last_hour: int
-
-
-def gauges(conn: Connection) -> Gauges:
-    """What the metrics endpoint reads at every scrape; each served by a partial index."""
-    lag, due = conn.execute(OLDEST_DUE).one()
-    processing, dead = conn.execute(GAUGES).one()
-    return Gauges(int(due), float(lag or 0.0), int(processing), int(dead))
-
-
-ProducerConnection = Connection | psycopg.Connection[Any]
-
-
-def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[int, bool]:
-    """Insert one notification; ``(id, True)`` if new, ``(id, False)`` if its key existed."""
-    row = _producer_execute(conn, ENQUEUE, values)
-    if row is not None:
-        return int(row[0]), True
-    existing = _producer_execute(conn, ID_BY_DEDUPE_KEY, {"dedupe_key": values["dedupe_key"]})
-    if existing is None:  # the conflicting row was deleted between the two statements
-        return enqueue_row(conn, values)
-    return int(existing[0]), False
-
-
-def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:
-    """Cancel the unsent row with this key; its id, or ``None`` if none was waiting."""
-    row = _producer_execute(conn, CANCEL_BY_KEY, {"dedupe_key": dedupe_key, "reason": reason})
-    return None if row is None else int(row[0])
-
-
-def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
-    """Cancel this row if it has not been sent; whether it was."""
-    return _producer_execute(conn, CANCEL_BY_ID, {"id": row_id, "reason": reason}) is not None
-
-
-# --- wake-ups ----------------------------------------------------------------------------------
-
-
-def listen(database_url: str) -> psycopg.Connection[Any]:
-    """A connection of its own, LISTENing for the wake-ups of inserted rows."""
-    conn = psycopg.connect(
-        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False),
-        autocommit=True,
-        connect_timeout=10,
-        application_name="notifier-wake",
-    )
-    conn.execute(f"LISTEN {WAKE_CHANNEL}")
-    return conn
-
-
-def next_wake(conn: Connection) -> float | None:
-    """Unix time at which the earliest delayed pending row falls due, if any."""
-    value = conn.execute(NEXT_WAKE).scalar()
-    return None if value is None else float(value)
-
-
-# --- plumbing ----------------------------------------------------------------------------------
 
 
 def _decode(
@@ -686,56 +423,3 @@ def _decode(
         return {}, "payload is nested too deeply to be read; keep it to a few levels"
     except ValueError as exc:  # jsonb always holds JSON; kept for what Python cannot hold
         return {}, f"payload cannot be read: {exc}"
-
-
-class _SafeTimestamptz(TimestamptzLoader):
-    """Reads ``infinity``, ``-infinity`` and years past 9999 as the latest and earliest times
-    Python has, instead of failing the statement: a producer may write ``'infinity'`` into
-    ``expires_at`` to mean "never", and one such row must not stop every claim."""
-
-    def load(self, data: Buffer) -> datetime:
-        try:
-            return super().load(data)
-        except psycopg.DataError:
-            text_ = bytes(data).decode(errors="replace")
-            early = text_.startswith("-") or text_.endswith(" BC")
-            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
-
-
-def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-    if isinstance(dbapi_connection, psycopg.Connection):
-        dbapi_connection.adapters.register_loader("timestamptz", _SafeTimestamptz)
-
-
-_NAMED = re.compile(r"(?<![:\w]):(\w+)")
-
-
-def _producer_execute(
-    conn: ProducerConnection, sql: str, params: Mapping[str, Any]
-) -> tuple[Any, ...] | None:
-    """Run one statement on a SQLAlchemy or a psycopg connection, inside its transaction."""
-    if isinstance(conn, Connection):
-        row = conn.execute(text(sql), dict(params)).first()
-        return None if row is None else tuple(row)
-    with conn.cursor() as cur:
-        cur.execute(_NAMED.sub(r"%(\1)s", sql), dict(params))
-        return cur.fetchone()
-
-
-def _rowcount(result: Any) -> int:
-    return int(result.rowcount)
-
-
-def _number_array(values: Iterable[float | None]) -> str:
-    """A numeric array as one literal for ``CAST(... AS bigint[])`` and the like: psycopg dumps
-    a list element by element, which every batch would pay for each of its rows."""
-    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
-
-
-def driver(conn: Connection) -> psycopg.Connection[Any]:
-    """The psycopg connection under ``conn``, for COPY and for results read without a layer
-    between; it is inside ``conn``'s transaction."""
-    raw = conn.connection.driver_connection
-    if not isinstance(raw, psycopg.Connection):
-        raise TypeError("notifier needs the psycopg 3 driver (postgresql+psycopg://)")
-    return raw

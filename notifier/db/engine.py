@@ -1,0 +1,73 @@
+"""The process's engine, and the psycopg connection under a SQLAlchemy one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg.abc import Buffer
+from psycopg.types.datetime import TimestamptzLoader
+from sqlalchemy import Connection, Engine, create_engine, event
+
+from notifier.settings import get_settings
+
+#: Connections an engine keeps open, and how many more it may open when they are all busy: the
+#: most one process's engine holds (counted in ``budget``).
+POOL_SIZE, POOL_OVERFLOW = 2, 2
+
+
+@lru_cache(maxsize=1)
+def engine() -> Engine:
+    """The process's engine, created on first use (after a prefork worker has forked)."""
+    return make_engine(get_settings().database_url)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine whose connections read any timestamp a producer can write."""
+    eng = create_engine(
+        url,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
+        pool_recycle=1800,
+        connect_args={"connect_timeout": 10, "application_name": "notifier"},
+    )
+    event.listen(eng, "connect", _on_connect)
+    return eng
+
+
+def dispose_engine(*, close: bool = False) -> None:
+    """Forget the process's engine; right after fork, without closing the parent's sockets."""
+    if engine.cache_info().currsize:
+        engine().dispose(close=close)
+    engine.cache_clear()
+
+
+def driver(conn: Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``conn``, for COPY and for results read without a layer
+    between; it is inside ``conn``'s transaction."""
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError("notifier needs the psycopg 3 driver (postgresql+psycopg://)")
+    return raw
+
+
+class _SafeTimestamptz(TimestamptzLoader):
+    """Reads ``infinity``, ``-infinity`` and years past 9999 as the latest and earliest times
+    Python has, instead of failing the statement: a producer may write ``'infinity'`` into
+    ``expires_at`` to mean "never", and one such row must not stop every claim."""
+
+    def load(self, data: Buffer) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text_ = bytes(data).decode(errors="replace")
+            early = text_.startswith("-") or text_.endswith(" BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    if isinstance(dbapi_connection, psycopg.Connection):
+        dbapi_connection.adapters.register_loader("timestamptz", _SafeTimestamptz)

@@ -1,0 +1,63 @@
+"""The schema's migrations: create the database if it is missing, then upgrade (or roll back).
+
+The migrations are Alembic's, in ``alembic/`` at the top of the repository; a wheel carries them
+as ``notifier/_migrations``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from notifier.settings import get_settings
+
+
+def alembic_dir() -> Path:
+    """The migrations: ``notifier/_migrations`` once installed from a wheel (pyproject.toml puts
+    them there), the repository's ``alembic/`` in a checkout or an editable install."""
+    package = Path(__file__).resolve().parents[1]
+    for place in (package / "_migrations", package.parent / "alembic"):
+        if (place / "env.py").is_file():
+            return place
+    raise FileNotFoundError(f"notifier's migrations are missing from {package}: reinstall it")
+
+
+def migrate(
+    database_url: str | None = None,
+    *,
+    down_to: str | None = None,
+    say: Callable[[str], object] = print,
+) -> None:
+    """Create the database if it does not exist, then upgrade it to the newest schema; or, with
+    ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
+    from alembic import command
+    from alembic.config import Config
+
+    url = make_url(database_url or get_settings().database_url)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
+        ).first()
+        if not exists:
+            quoted = conn.dialect.identifier_preparer.quote(url.database or "notifier")
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
+            say(f"created database {url.database}")
+    admin.dispose()
+
+    config = Config()
+    config.set_main_option("script_location", str(alembic_dir()))
+    config.attributes["configure_logging"] = False
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        if down_to is None:
+            command.upgrade(config, "head")
+        else:
+            command.downgrade(config, down_to)
+    engine.dispose()
+    where = "the newest schema" if down_to is None else f"revision {down_to}"
+    say(f"database {url.database} is at {where}")

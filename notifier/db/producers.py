@@ -1,0 +1,82 @@
+"""The producers' statements: enqueue and cancel, inside the caller's own transaction.
+
+They run on a SQLAlchemy ``Connection`` or on a psycopg 3 connection, whichever the producer
+holds; nothing here commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from sqlalchemy import Connection, text
+
+from notifier.db.sql import for_driver
+
+ENQUEUE = """
+    INSERT INTO notifications
+           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+            next_attempt_at, expires_at, guard, template, locale)
+    VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
+            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
+            CAST(:expires_at AS timestamptz), :guard, :template, :locale)
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id
+"""
+
+ID_BY_DEDUPE_KEY = "SELECT id FROM notifications WHERE dedupe_key = :dedupe_key"
+
+# A claimed row can be cancelled too: its worker checks again just before sending, and its
+# later outcome write, guarded by status, changes nothing.
+CANCEL_BY_KEY = """
+    UPDATE notifications
+       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
+           last_error = :reason
+     WHERE dedupe_key = :dedupe_key AND status IN ('pending', 'processing')
+    RETURNING id
+"""
+
+CANCEL_BY_ID = """
+    UPDATE notifications
+       SET status = 'cancelled', updated_at = now(), locked_until = NULL,
+           last_error = :reason
+     WHERE id = :id AND status IN ('pending', 'processing')
+    RETURNING id
+"""
+
+ProducerConnection = Connection | psycopg.Connection[Any]
+
+
+def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[int, bool]:
+    """Insert one notification; ``(id, True)`` if new, ``(id, False)`` if its key existed."""
+    row = _producer_execute(conn, ENQUEUE, values)
+    if row is not None:
+        return int(row[0]), True
+    existing = _producer_execute(conn, ID_BY_DEDUPE_KEY, {"dedupe_key": values["dedupe_key"]})
+    if existing is None:  # the conflicting row was deleted between the two statements
+        return enqueue_row(conn, values)
+    return int(existing[0]), False
+
+
+def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:
+    """Cancel the unsent row with this key; its id, or ``None`` if none was waiting."""
+    row = _producer_execute(conn, CANCEL_BY_KEY, {"dedupe_key": dedupe_key, "reason": reason})
+    return None if row is None else int(row[0])
+
+
+def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
+    """Cancel this row if it has not been sent; whether it was."""
+    return _producer_execute(conn, CANCEL_BY_ID, {"id": row_id, "reason": reason}) is not None
+
+
+def _producer_execute(
+    conn: ProducerConnection, sql: str, params: Mapping[str, Any]
+) -> tuple[Any, ...] | None:
+    """Run one statement on a SQLAlchemy or a psycopg connection, inside its transaction."""
+    if isinstance(conn, Connection):
+        row = conn.execute(text(sql), dict(params)).first()
+        return None if row is None else tuple(row)
+    with conn.cursor() as cur:
+        cur.execute(for_driver(sql), dict(params))
+        return cur.fetchone()

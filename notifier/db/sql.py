@@ -1,0 +1,36 @@
+"""What every module of ``notifier.db`` shares: one parameter style, and array literals.
+
+Every statement is written with SQLAlchemy's named parameters (``:name``). One that runs on the
+driver's own cursor (a claim read without a result layer between, COPY, a producer's psycopg
+connection) is converted once, when its module is imported, by ``for_driver``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def for_driver(sql: str) -> str:
+    """``sql`` with each ``:name`` parameter spelled ``%(name)s``, as psycopg's cursors take
+    them (and each ``%`` doubled)."""
+    return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+def parameters(sql: str) -> set[str]:
+    """The names of ``sql``'s ``:name`` parameters."""
+    return set(_NAMED.findall(sql))
+
+
+def rowcount(result: Any) -> int:
+    """How many rows a statement changed."""
+    return int(result.rowcount)
+
+
+def number_array(values: Iterable[float | None]) -> str:
+    """A numeric array as one literal for ``CAST(... AS bigint[])`` and the like: psycopg dumps
+    a list element by element, which every batch would pay for each of its rows."""
+    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"

@@ -1,0 +1,168 @@
+"""The small grammars of notifier's settings, each parsed by one function that names what it
+expects when it refuses: failover chains, recipient overrides, rate windows and locales.
+
+Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+_LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*(?::\s*(\d+))?\s*$")
+
+
+def parse_failover(text: str) -> dict[str, list[str]]:
+    """``email=email,email_backup;sms=sms,sms_backup`` -> provider names by channel, in order."""
+    chains: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, names = part.partition("=")
+        providers = [n.strip() for n in names.split(",") if n.strip()]
+        if not sep or not channel.strip() or not providers:
+            raise ValueError(
+                f"{part!r} is not channel=provider,provider..., e.g. email=email,email_backup"
+            )
+        chains[channel.strip()] = providers
+    return chains
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """``email=qa@example.com;sms=+14155550100`` -> recipient by channel."""
+    overrides: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, recipient = (s.strip() for s in part.partition("="))
+        if not sep or not channel or not recipient:
+            raise ValueError(
+                f"{part!r} is not channel=recipient, e.g. email=qa@example.com;sms=+14155550100"
+            )
+        if channel in overrides:
+            raise ValueError(f"channel {channel!r} is overridden twice")
+        overrides[channel] = recipient
+    return overrides
+
+
+def normalize_locale(text: str) -> str:
+    """``de_at`` -> ``de-AT``, ``zh-hant-tw`` -> ``zh-Hant-TW``: BCP 47's conventional case,
+    so that rows and templates written either way find each other."""
+    parts = re.split(r"[-_]", text.strip())
+    if not all(_LOCALE_PART.fullmatch(p) for p in parts) or not parts[0].isalpha():
+        raise ValueError(f"{text!r} is not a locale like en, de or de-AT")
+    normalized = [parts[0].lower()]
+    for part in parts[1:]:
+        if len(part) == 2 and part.isalpha():
+            normalized.append(part.upper())
+        elif len(part) == 4 and part.isalpha():
+            normalized.append(part.title())
+        else:
+            normalized.append(part.lower())
+    return "-".join(normalized)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """At most ``limit`` sends per ``period`` seconds, in bursts of at most ``burst``."""
+
+    limit: int
+    period: float
+    burst: int
+    spelling: str
+
+    @property
+    def rate_per_ms(self) -> float:
+        return self.limit / (self.period * 1000.0)
+
+
+def parse_window(text: str) -> Window:
+    """``100/s``, ``20000/h``, ``500/10s`` (per ten seconds), ``100/s:20`` (burst of 20).
+
+    The burst defaults to a tenth of a second's worth for windows of a second or less (so a
+    per-second limit is never exceeded by more than a tenth) and to the whole limit otherwise.
+    """
+    match = _WINDOW.match(text)
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a rate window: write N/unit with unit s, m, h or d, e.g. 100/s,"
+            " 20000/h, 500/10s, or 100/s:20 for a burst of 20"
+        )
+    limit, count, unit, burst = match.groups()
+    period = (float(count) if count else 1.0) * _UNITS[unit]
+    if int(limit) < 1 or period <= 0:
+        raise ValueError(f"{text!r}: the limit and the period must be positive")
+    default_burst = max(1, math.ceil(int(limit) / (10 * period))) if period <= 1 else int(limit)
+    return Window(int(limit), period, int(burst) if burst else default_burst, text.strip())
+
+
+def parse_limits(text: str) -> dict[str, list[Window]]:
+    """``email=100/s,20000/h;webhook=500/s`` -> windows by provider."""
+    limits: dict[str, list[Window]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        provider, sep, windows = part.partition("=")
+        if not sep or not provider.strip() or not windows.strip():
+            raise ValueError(f"{part!r} is not provider=windows, e.g. email=100/s,20000/h")
+        limits[provider.strip()] = [parse_window(w) for w in windows.split(",")]
+    return limits
+
+
+# --- the operators' console's users (NOTIFIER_CONSOLE_USERS) ----------------------------------
+
+
+class Role(StrEnum):
+    """What a console user may do."""
+
+    #: everything a viewer may, and every action (requeue, cancel, pause, suppress, ...)
+    admin = "admin"
+    #: sees every page; every action is refused
+    viewer = "viewer"
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str
+    password_hash: str
+    role: Role
+
+
+def unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def parse_hash(encoded: str) -> tuple[int, int, int, bytes, bytes]:
+    parts = encoded.split(".")
+    if len(parts) != 6 or parts[0] != "scrypt":
+        raise ValueError("is not a hash made by notifier console hash-password")
+    try:
+        n, r, p = (int(x) for x in parts[1:4])
+        salt, key = unb64(parts[4]), unb64(parts[5])
+    except ValueError:
+        raise ValueError("is not a hash made by notifier console hash-password") from None
+    if n < 2**10 or n & (n - 1) or not 0 < r <= 32 or not 0 < p <= 16 or len(key) < 16:
+        raise ValueError("has scrypt parameters too weak or malformed")
+    return n, r, p, salt, key
+
+
+def parse_users(spec: str) -> dict[str, User]:
+    """``NOTIFIER_CONSOLE_USERS`` -> users by name; ``ValueError`` naming the bad entry (by its
+    position and user name, never its hash)."""
+    users: dict[str, User] = {}
+    for position, entry in enumerate(filter(None, (e.strip() for e in spec.split(","))), 1):
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"entry {position} is not name:hash:role")
+        name, encoded, role = (p.strip() for p in parts)
+        if not name:
+            raise ValueError(f"entry {position} has no user name")
+        if role not in Role.__members__:
+            raise ValueError(f"user {name!r}: role must be admin or viewer, not {role!r}")
+        try:
+            parse_hash(encoded)
+        except ValueError as exc:
+            raise ValueError(f"user {name!r}: the password hash {exc}") from None
+        if name in users:
+            raise ValueError(f"user {name!r} is listed twice")
+        users[name] = User(name, encoded, Role(role))
+    return users
