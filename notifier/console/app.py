@@ -27,8 +27,9 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from notifier.console.auth import Role, Session, Sessions, User, csrf_ok
+from notifier.console.auth import Session, Sessions, csrf_ok
 from notifier.logs import mask_recipient
+from notifier.specs import Role, User
 
 log = logging.getLogger("notifier.console")
 

@@ -48,8 +48,8 @@ def serve(host: str | None = None, port: int | None = None) -> int:
 
     from notifier import db
     from notifier.console.app import create_app
-    from notifier.console.auth import parse_users
     from notifier.settings import get_settings
+    from notifier.specs import parse_users
 
     settings = get_settings()
     app = create_app(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from notifier.console.auth import Role, hash_password, parse_users, verify_password
+from notifier.console.auth import hash_password, verify_password
+from notifier.specs import Role, parse_users
 
 
 def test_a_hash_checks_its_password_only() -> None:
