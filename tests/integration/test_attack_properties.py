@@ -53,6 +53,11 @@ EMAIL_HEADERS = {
     "content-type",
     "content-transfer-encoding",
     "reply-to",
+    # what delivery reports come back by (README "Delivery feedback")
+    "x-notifier-id",
+    "x-mailgun-variables",
+    "x-smtpapi",
+    "x-pm-metadata-notifier-id",
     "list-unsubscribe",
     "list-unsubscribe-post",
     "x-peer",

@@ -554,7 +554,7 @@ def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
     campaigns.launch("spring")
 
     def dispatch() -> None:
-        dispatcher = Dispatcher(engine, registry_of([EmailProvider()]), settings)
+        dispatcher = Dispatcher(engine, registry_of([EmailProvider(get_settings())]), settings)
         try:
             dispatcher.run_once()
         finally:
