@@ -56,6 +56,7 @@ import contextlib
 import multiprocessing
 import os
 import platform
+import queue
 import shlex
 import shutil
 import signal
@@ -230,8 +231,7 @@ def run_processes(
                 proc.daemon = True
                 proc.start()
                 procs.append(proc)
-            for _ in procs:
-                ready.get(timeout=60)
+            _wait_ready(procs, ready, results, app)
             meter = CpuMeter()
             backends = backend_pids(conn, database, app)
             meter.start(backends)
@@ -241,7 +241,7 @@ def run_processes(
             deadline = time.monotonic() + 600
             while len(reports) < processes:
                 meter.sample(backends)
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(queue.Empty):
                     reports.append(results.get(timeout=POLL))
                 if time.monotonic() > deadline:
                     raise SetupError(f"{app} did not finish within 600 s")
@@ -256,6 +256,25 @@ def run_processes(
     if errors:
         raise SetupError(f"{app} failed: {errors[0]}")
     return started, reports, meter.seconds
+
+
+def _wait_ready(procs: list[BaseProcess], ready: Queue[Any], results: Queue[Any], app: str) -> None:
+    """Wait until every child is connected; a child's failure ends the wait at once."""
+    waiting = len(procs)
+    deadline = time.monotonic() + 60
+    while waiting:
+        try:
+            ready.get(timeout=POLL)
+            waiting -= 1
+            continue
+        except queue.Empty:
+            pass
+        with contextlib.suppress(queue.Empty):
+            report = results.get_nowait()
+            raise SetupError(f"{app} failed before the start: {report.get('error', report)}")
+        dead = [p.exitcode for p in procs if not p.is_alive()]
+        if dead or time.monotonic() > deadline:
+            raise SetupError(f"{app}: {waiting} processes not ready (exit codes {dead})")
 
 
 # --- the three drains --------------------------------------------------------------------------
