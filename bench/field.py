@@ -21,7 +21,9 @@ What it measures
        URLs): ``celery -A notifier worker --concurrency=--processes`` and beat, ready, then
        ``--rows`` due ``null`` rows INSERTed in one statement and drained. Time from the
        INSERT's commit to the last row recorded ``sent`` (its ``updated_at``), as
-       ``bench/throughput.py``'s measurement (2).
+       ``bench/throughput.py``'s measurement (2). ``--set NAME=VALUE`` (repeatable) gives the
+       worker a ``NOTIFIER_<NAME>`` setting, e.g. ``--set BATCH_SIZE=500``, to see what a
+       change of default would do; the targets are for the defaults.
 
     Each of (a), (b), (c) runs ``--repeat`` times (default 3), interleaved a, b, c, a, b, c...
     so that other load on the machine falls on all three alike; the median of each is
@@ -39,7 +41,8 @@ How to run it
     From the repository root, with PostgreSQL and Redis on localhost::
 
         pip install -e '.[bench]'
-        python bench/field.py [--rows N] [--batch N] [--processes N] [--repeat N] [--keep]
+        python bench/field.py [--rows N] [--batch N] [--processes N] [--repeat N]
+                              [--set NAME=VALUE] [--keep]
         python bench/field.py --scaling 1,2,4
 
     Databases ``notifier_bench_field_<a|b|c>`` on ``NOTIFIER_BENCH_POSTGRES`` (default
@@ -349,16 +352,17 @@ def pgqueuer(rows: int, processes: int, batch: int) -> Result:
 
 @contextlib.contextmanager
 def notifier_workers(
-    workdir: Path, concurrency: int, keep: bool
+    workdir: Path, concurrency: int, keep: bool, settings: dict[str, str]
 ) -> Iterator[tuple[Services, Conn, str]]:
     """A fresh notifier database, a worker (``--concurrency``) and beat with the default
-    settings, ready. Yields them, an autocommit connection and the database's name."""
+    settings but ``settings``, ready. Yields them, an autocommit connection and the database's
+    name."""
     name = DATABASE_PREFIX + "c"
     url = recreate_database(name)
     flush_redis(REDIS)
     tag = workdir / f"c-{concurrency}-{time.monotonic_ns()}"
     tag.mkdir()
-    env = service_env(url, REDIS, tag, {})
+    env = service_env(url, REDIS, tag, settings)
     services = Services(env, tag)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -390,9 +394,12 @@ def redis_pid() -> int | None:
     return pid if cpu_seconds(pid) is not None else None
 
 
-def notifier_drain(rows: int, concurrency: int, workdir: Path, keep: bool) -> Result:
-    """(c): ``rows`` due ``null`` rows drained by notifier's worker with default settings."""
-    with notifier_workers(workdir, concurrency, keep) as (services, conn, name):
+def notifier_drain(
+    rows: int, concurrency: int, workdir: Path, keep: bool, settings: dict[str, str]
+) -> Result:
+    """(c): ``rows`` due ``null`` rows drained by notifier's worker, default settings but
+    ``settings``."""
+    with notifier_workers(workdir, concurrency, keep, settings) as (services, conn, name):
         worker = services.pid("worker")
         workers, backends, redis_meter = CpuMeter(), CpuMeter(), CpuMeter()
         workers.start(process_tree(worker))
@@ -462,7 +469,7 @@ class Series:
         rates = ", ".join(f"{r.rate:,.0f}" for r in self.results)
         middle = sorted(self.results, key=lambda r: r.rate)[len(self.results) // 2]
         return (
-            f"  {self.label:<44} median {self.median:>9,.0f} rows/s  ({rates});"
+            f"  {self.label:<52} median {self.median:>9,.0f} rows/s  ({rates});"
             f" CPU per row of the median run: {middle.per_row()}"
         )
 
@@ -480,19 +487,20 @@ def compare(args: argparse.Namespace, workdir: Path) -> None:
     default_batch = Settings.model_fields["batch_size"].default
     a = Series(f"(a) minimal table, {processes} procs, batch {batch}")
     b = Series(f"(b) PgQueuer 1.6, {processes} procs, batch {batch}")
-    c = Series(f"(c) notifier, --concurrency={processes}, defaults")
+    c = Series(f"(c) notifier, --concurrency={processes}, {describe(args.set)}")
     for round_ in range(1, args.repeat + 1):
         print(f"\nround {round_} of {args.repeat} (load {load()})", flush=True)
         a.results.append(minimal(rows, processes, batch))
         show("(a) minimal table", a.results[-1])
         b.results.append(pgqueuer(rows, processes, batch))
         show("(b) PgQueuer", b.results[-1])
-        c.results.append(notifier_drain(rows, processes, workdir, args.keep))
+        c.results.append(notifier_drain(rows, processes, workdir, args.keep, args.set))
         show("(c) notifier", c.results[-1])
     print(f"\n{rows:,} due rows each; median of {args.repeat} runs")
     for series in (a, b, c):
         print(series.line())
-    print(f"  notifier ran with its default NOTIFIER_BATCH_SIZE ({default_batch})")
+    batch_size = args.set.get("batch_size", f"{default_batch}, its default")
+    print(f"  notifier ran with NOTIFIER_BATCH_SIZE={batch_size}; settings: {describe(args.set)}")
     print()
     for target, name, share in ((a, "(a)", TARGET_CEILING), (b, "(b)", TARGET_PGQUEUER)):
         ratio = c.median / target.median
@@ -500,6 +508,8 @@ def compare(args: argparse.Namespace, workdir: Path) -> None:
             f"{x.rate / y.rate:.2f}" for x, y in zip(c.results, target.results, strict=True)
         )
         verdict = "PASS" if ratio >= share else "FAIL"
+        if args.set:
+            verdict += " (the targets are for notifier's defaults)"
         print(
             f"  notifier / {name} = {ratio:.2f} (target >= {share}): {verdict};"
             f" round by round {rounds}"
@@ -508,11 +518,11 @@ def compare(args: argparse.Namespace, workdir: Path) -> None:
 
 def scaling(args: argparse.Namespace, workdir: Path) -> None:
     levels: list[int] = args.scaling
-    series = {n: Series(f"notifier, --concurrency={n}, defaults") for n in levels}
+    series = {n: Series(f"notifier, --concurrency={n}, {describe(args.set)}") for n in levels}
     for round_ in range(1, args.repeat + 1):
         print(f"\nround {round_} of {args.repeat} (load {load()})", flush=True)
         for n in levels:
-            series[n].results.append(notifier_drain(args.rows, n, workdir, args.keep))
+            series[n].results.append(notifier_drain(args.rows, n, workdir, args.keep, args.set))
             show(f"--concurrency={n}", series[n].results[-1])
     print(f"\n{args.rows:,} due null rows each; median of {args.repeat} runs")
     for n in levels:
@@ -570,6 +580,19 @@ def _levels(value: str) -> list[int]:
     return levels
 
 
+def _setting(value: str) -> tuple[str, str]:
+    name, sep, setting = value.partition("=")
+    name = name.strip().upper().removeprefix("NOTIFIER_")
+    if not sep or not name.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected NAME=VALUE, e.g. BATCH_SIZE=500")
+    return name.lower(), setting
+
+
+def describe(settings: dict[str, str]) -> str:
+    """``defaults``, or the ``NOTIFIER_*`` settings given."""
+    return " ".join(f"NOTIFIER_{k.upper()}={v}" for k, v in settings.items()) or "defaults"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="notifier against the field (see the docstring)")
     parser.add_argument("--rows", type=int, default=100_000, help="due rows per drain")
@@ -579,8 +602,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scaling", type=_levels, default=None, help="only notifier, with these worker counts"
     )
+    parser.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a NOTIFIER_<NAME> setting for notifier's worker (default: none, its defaults),"
+        " e.g. --set BATCH_SIZE=500",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases and logs")
     args = parser.parse_args(argv)
+    args.set = dict(args.set)
     if min(args.rows, args.batch, args.processes, args.repeat) < 1:
         parser.error("--rows, --batch, --processes and --repeat must be at least 1")
     signal.signal(signal.SIGTERM, raise_interrupt)
