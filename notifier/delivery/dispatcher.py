@@ -41,7 +41,7 @@ from notifier.db import queue
 from notifier.delivery import guards as guards_module
 from notifier.delivery.checks import RowCheck, named
 from notifier.delivery.guards import GuardError, Skip
-from notifier.delivery.outcomes import Cancelled, Result, attempts_of, plan
+from notifier.delivery.outcomes import Cancelled, Result, attempts_of, explain, plan
 from notifier.delivery.prepare import Content
 from notifier.delivery.ratelimit import Limiter, NoLimits
 from notifier.delivery.recorder import Recorder
@@ -275,6 +275,7 @@ class Dispatcher:
             token, decided, history, ended, rows, results
         )
         self.observe(history)
+        explain(attempted, decided, log)
         report.sent, report.dead = len(decided.sent), len(decided.dead)
         report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
         report.released += len(decided.deferred)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from notifier.delivery.retry import RetryPolicy, next_attempt_at
+from notifier.logs import mask_recipient
 from notifier.models import Attempt, Notification, RetryAt, truncate
 from notifier.providers import Outcome, Permanent, Sent
 
@@ -172,3 +174,37 @@ def attempts_of(
         provider = providers.get(n.id)
         history.append(Attempt(n.id, n.attempts, n.channel, kind, error, ms, provider))
     return history
+
+
+def explain(rows: Sequence[Notification], decided: Plan, log: logging.Logger) -> None:
+    """One log line for every row that did not go out this time, saying why: its id, channel,
+    masked recipient, what became of it and the reason (a batch's summary only counts them)."""
+    by_id = {n.id: n for n in rows}
+    lines: list[tuple[int, str, int, str]] = [
+        *((logging.INFO, "retry", r.id, r.error) for r in decided.retries),
+        *((logging.INFO, "deferred", r.id, r.error) for r in decided.deferred),
+        *((logging.WARNING, "dead", i, why) for i, why in decided.dead.items()),
+        *((logging.INFO, "cancelled", i, why) for i, why in decided.cancelled.items()),
+    ]
+    for level, outcome, row_id, reason in lines:
+        n = by_id.get(row_id)
+        if n is None:
+            continue
+        recipient = mask_recipient(n.recipient)
+        log.log(
+            level,
+            "notification %d %s: channel=%r recipient=%r reason=%s",
+            n.id,
+            outcome,
+            n.channel,
+            recipient,
+            reason,
+            extra={
+                "event": "outcome",
+                "id": n.id,
+                "outcome": outcome,
+                "channel": n.channel,
+                "recipient": recipient,
+                "reason": reason,
+            },
+        )

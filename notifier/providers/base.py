@@ -98,6 +98,12 @@ class Provider:
     async def send_async(self, notification: Notification) -> Outcome:
         raise NotImplementedError
 
+    def problem(self) -> str | None:
+        """Why this provider cannot send anything in this deployment (credentials missing),
+        naming the settings to fix; ``None`` when it can. Workers report it when they start;
+        its rows fail with the same reason."""
+        return None
+
     def throttle_scope(self, notification: Notification) -> str | None:
         """Who would ask to slow down for this row, when not the provider as a whole (one
         webhook receiver): a 429 from it holds back only the rows of that scope."""

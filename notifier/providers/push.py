@@ -156,6 +156,14 @@ class PushProvider(Provider):
                     f"(got {type(value).__name__})"
                 )
 
+    def problem(self) -> str | None:
+        if self._settings.fcm_credentials_file is None:
+            return (
+                "push is not configured: set NOTIFIER_FCM_CREDENTIALS_FILE to a Firebase "
+                "service-account JSON key"
+            )
+        return None
+
     def send(self, notification: Notification) -> Outcome:
         try:
             access_token = self._access_token()

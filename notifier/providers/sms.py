@@ -67,6 +67,9 @@ class SmsProvider(Provider):
         self._misconfigured = _configuration_error(s)
         self._client = SharedClient(self._new_client)
 
+    def problem(self) -> str | None:
+        return self._misconfigured
+
     def validate(self, notification: Notification) -> None:
         """The recipient must be an E.164 number and the body 1-1600 characters of text.
 

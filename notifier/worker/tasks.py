@@ -132,6 +132,15 @@ _waker: Waker | None = None
 
 
 @signals.worker_ready.connect
+def _report_unconfigured(**_: Any) -> None:
+    """Say at start which channels cannot send here, rather than only in each row's error."""
+    for provider in load_registry(get_settings()).values():
+        problem = provider.problem()
+        if problem is not None:
+            log.warning("channel %s cannot send: %s", provider.channel, problem)
+
+
+@signals.worker_ready.connect
 def _start_waker(**_: Any) -> None:
     """Dispatch as soon as rows are inserted or fall due, not at the next beat; and at once,
     for rows that fell due while no worker ran (one dispatch waits however many replicas

@@ -125,3 +125,28 @@ def test_two_workers_and_two_beats_send_each_row_once(
     assert set(per_recipient.values()) == {1}
     assert isinstance(claimed_by, int)
     assert claimed_by >= 2  # both workers took part
+
+
+def test_a_worker_says_at_start_which_channels_cannot_send(
+    engine: Engine, services: Services
+) -> None:
+    """No Twilio or FCM settings here: the worker's log says so when it starts, before any row
+    for those channels exists, naming the settings to set."""
+    for name in list(services.env):
+        if name.startswith(("NOTIFIER_TWILIO_", "NOTIFIER_FCM_")):
+            del services.env[name]
+    services.worker()
+    wait_for(
+        lambda: (
+            "channel push cannot send" in services.log("w1")
+            and "channel sms cannot send" in services.log("w1")
+        ),
+        60,
+        "the worker's start-up report",
+    )
+    log = services.log("w1")
+    assert "channel sms cannot send: SMS is not configured: set NOTIFIER_TWILIO_ACCOUNT_SID" in log
+    assert (
+        "channel push cannot send: push is not configured: set NOTIFIER_FCM_CREDENTIALS_FILE" in log
+    )
+    assert "channel email cannot send" not in log
