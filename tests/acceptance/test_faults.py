@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from notifier.cli import migrate
+from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
 from tests.postgres_server import PostgresServer
 
