@@ -67,7 +67,15 @@ class Settings(BaseSettings):
     instead of waiting for the next beat."""
 
     batch_size: int = Field(100, gt=0, le=10_000)
-    """Rows one dispatch claims at a time."""
+    """Rows one dispatch claims at a time when the queue is quiet: the first claim of every
+    dispatch, and every claim after a batch that came back short."""
+
+    max_batch_size: int = Field(1000, gt=0, le=10_000)
+    """Largest claim while a backlog remains. After a full batch the next claim is what this
+    process sent in the last half second (``BATCH_TARGET_SECONDS``), between ``batch_size`` and
+    this: fast rows are claimed a thousand at a time, slow or rate-limited ones stay small, so a
+    transactional row never waits long behind a campaign's batch. Set it to ``batch_size`` for
+    fixed batches."""
 
     dispatch_budget_seconds: float = Field(20.0, gt=0)
     """How long one dispatch task keeps claiming batches before it hands over to a fresh task."""

@@ -31,7 +31,8 @@ def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> N
         " RETURNING id",
     )
     calls: list[int] = []
-    dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), settings)
+    fixed = settings.model_copy(update={"max_batch_size": settings.batch_size})
+    dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), fixed)
     reports = dispatcher.drain(on_full_batch=lambda: calls.append(1))
     dispatcher.close()
     assert [r.claimed for r in reports] == [50, 50, 50, 50, 50, 10]
@@ -39,6 +40,37 @@ def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> N
     assert _rows(engine, "SELECT status, attempts, count(*) FROM notifications GROUP BY 1, 2") == [
         ("sent", 1, 260)
     ]
+
+
+def test_batches_grow_while_a_backlog_remains_and_start_small_again(
+    engine: Engine, settings: Settings
+) -> None:
+    """The first claim is ``batch_size``; after a full one the next claims what half a second
+    of sends at that pace takes, up to ``max_batch_size``; a short batch ends the drain, and
+    the next drain starts small again."""
+    _rows(
+        engine,
+        "INSERT INTO notifications (channel, recipient)"
+        " SELECT 'null', 'x' FROM generate_series(1, 3000) RETURNING id",
+    )
+    grown = settings.model_copy(update={"max_batch_size": 400})
+    dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), grown)
+    try:
+        first = [r.claimed for r in dispatcher.drain(budget_seconds=120)]
+        _rows(
+            engine,
+            "INSERT INTO notifications (channel, recipient)"
+            " SELECT 'null', 'x' FROM generate_series(1, 60) RETURNING id",
+        )
+        second = [r.claimed for r in dispatcher.drain(budget_seconds=120)]
+    finally:
+        dispatcher.close()
+    assert first[0] == 50
+    # null rows go fast (far over 100 a second on any machine): the claims grew, to the bound
+    assert 50 < max(first) <= 400
+    assert all(50 <= c <= 400 for c in first[:-1])
+    assert sum(first) == 3000
+    assert second == [50, 10]
 
 
 def test_bad_rows_go_dead_with_a_reason_and_block_nothing(
