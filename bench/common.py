@@ -21,12 +21,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import psycopg
 import redis
 
 from notifier.db.migrate import migrate
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 #: The server, without a database name (``postgresql://user@host:port``).
@@ -362,3 +364,14 @@ def _git(*args: str) -> str:
 def raise_interrupt(signum: int, _: FrameType | None) -> None:
     """A SIGTERM handler: stop the benchmark the way Ctrl-C does, cleaning up."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_interruptibly(run: Callable[[T], int], args: T) -> int:
+    """``run(args)``, stopped by Ctrl-C or SIGTERM alike (everything it started is stopped on
+    the way out); 130 when interrupted."""
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; everything started was stopped", file=sys.stderr)
+        return 130

@@ -62,7 +62,6 @@ import platform
 import queue
 import shlex
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -96,8 +95,8 @@ from bench.common import (
     git_commit,
     load,
     process_tree,
-    raise_interrupt,
     recreate_database,
+    run_interruptibly,
     server_settings,
     service_env,
     wait_until,
@@ -616,12 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.set = dict(args.set)
     if min(args.rows, args.batch, args.processes, args.repeat) < 1:
         parser.error("--rows, --batch, --processes and --repeat must be at least 1")
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted; everything started was stopped", file=sys.stderr)
-        return 130
+    return run_interruptibly(run, args)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,6 @@ import platform
 import random
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -87,8 +86,8 @@ from bench.common import (
     git_commit,
     load,
     psycopg_url,
-    raise_interrupt,
     recreate_database,
+    run_interruptibly,
     server_settings,
     service_env,
     wait_until,
@@ -449,12 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rows < 1 or args.delayed < 1:
         parser.error("--rows and --delayed must be at least 1")
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted; everything started was stopped", file=sys.stderr)
-        return 130
+    return run_interruptibly(run, args)
 
 
 if __name__ == "__main__":

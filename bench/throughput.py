@@ -127,8 +127,8 @@ from bench.common import (
     load,
     proc_status_kib,
     process_tree,
-    raise_interrupt,
     recreate_database,
+    run_interruptibly,
     server_settings,
     service_env,
     sqlalchemy_url,
@@ -1352,12 +1352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [int(v) for v in args.send_concurrency.split(",")]
     except ValueError:
         parser.error("--send-concurrency takes integers, e.g. 100,200,400")
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("\ninterrupted; everything started was stopped", file=sys.stderr)
-        return 130
+    return run_interruptibly(run, args)
 
 
 if __name__ == "__main__":
