@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 from notifier.db.engine import driver
 from notifier.db.sql import for_driver, number_array, rowcount
@@ -293,19 +293,7 @@ def mark_sent(
 
 def schedule_retry(conn: Connection, token: UUID, retries: Sequence[RetryAt]) -> int:
     """``processing`` -> ``pending`` at a later time, with the failure's reason."""
-    if not retries:
-        return 0
-    return rowcount(
-        conn.execute(
-            SCHEDULE_RETRY,
-            {
-                "token": token,
-                "ids": [r.id for r in retries],
-                "errors": [r.error for r in retries],
-                "next_attempts": [r.at for r in retries],
-            },
-        )
-    )
+    return _pending_again(conn, SCHEDULE_RETRY, token, retries)
 
 
 def mark_dead(conn: Connection, token: UUID, dead: Mapping[int, str]) -> int:
@@ -342,19 +330,22 @@ def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int]
 def defer(conn: Connection, token: UUID, deferrals: Sequence[RetryAt]) -> int:
     """``processing`` -> ``pending`` at a later time without using up the attempt: the
     provider asked us to slow down (a 429), which says nothing about the message."""
-    if not deferrals:
+    return _pending_again(conn, DEFER, token, deferrals)
+
+
+def _pending_again(
+    conn: Connection, statement: TextClause, token: UUID, rows: Sequence[RetryAt]
+) -> int:
+    """Run ``SCHEDULE_RETRY`` or ``DEFER`` (same parameters) for ``rows``, if there are any."""
+    if not rows:
         return 0
-    return rowcount(
-        conn.execute(
-            DEFER,
-            {
-                "token": token,
-                "ids": [r.id for r in deferrals],
-                "errors": [r.error for r in deferrals],
-                "next_attempts": [r.at for r in deferrals],
-            },
-        )
-    )
+    params = {
+        "token": token,
+        "ids": [r.id for r in rows],
+        "errors": [r.error for r in rows],
+        "next_attempts": [r.at for r in rows],
+    }
+    return rowcount(conn.execute(statement, params))
 
 
 def park_claimed(conn: Connection, token: UUID, ids: Iterable[int]) -> int:

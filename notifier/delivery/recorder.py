@@ -93,14 +93,14 @@ class Recorder:
         wrote), and no row that was sent is left to be sent again."""
         ids = decided.ids()
         if len(ids) > 1:
-            halves = (ids[: len(ids) // 2], ids[len(ids) // 2 :])
+            halves = (set(ids[: len(ids) // 2]), set(ids[len(ids) // 2 :]))
             return sum(
                 self.record(
                     token,
                     decided.only(half),
-                    [a for a in history if a.id in set(half)],
+                    [a for a in history if a.id in half],
                     ended,
-                    [n for n in rows if n.id in set(half)],
+                    [n for n in rows if n.id in half],
                     results,
                 )
                 for half in halves
