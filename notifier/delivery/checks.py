@@ -91,18 +91,13 @@ def payload_depth(value: object) -> int:
     """Levels of objects and arrays in ``value`` (a scalar is 0), without recursion, stopping
     one level past ``MAX_PAYLOAD_DEPTH``."""
     depth = 0
-    level = [value]
-    while level and depth <= MAX_PAYLOAD_DEPTH:
-        children: list[object] = []
-        for item in level:
-            if isinstance(item, dict):
-                children.extend(item.values())
-            elif isinstance(item, list):
-                children.extend(item)
-        if not children and not any(isinstance(i, dict | list) for i in level):
+    level: list[object] = [value]
+    while depth <= MAX_PAYLOAD_DEPTH:
+        containers = [i for i in level if isinstance(i, dict | list)]
+        if not containers:
             break
         depth += 1
-        level = children
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
     return depth
 
 
