@@ -374,6 +374,24 @@ class Attempt:
 
 
 @dataclass(frozen=True, slots=True)
+class Transition:
+    """One claimed row's way out of ``processing``, as recorded: its attempt's outcome
+    (``sent``, ``retry``, ``deferred``, ``dead`` or ``cancelled``) and what that writes."""
+
+    id: int
+    outcome: str
+    #: the reason, for every outcome but ``sent``
+    error: str | None = None
+    #: when a ``retry`` or ``deferred`` row is due again
+    at: datetime | None = None
+    message_id: str | None = None
+    provider: str | None = None
+    #: the Unix time the provider accepted it
+    sent_at: float | None = None
+    duration_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RetryAt:
     id: int
     error: str

@@ -8,24 +8,25 @@ and claimed again changes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
-from sqlalchemy import Connection, TextClause, text
+from sqlalchemy import Connection, text
 
 from notifier.db.engine import driver
-from notifier.db.sql import for_driver, number_array, rowcount
+from notifier.db.sql import for_driver, number_array, rowcount, text_array
 from notifier.models import (
     MAX_NAME_LENGTH,
     MAX_RECIPIENT_LENGTH,
     MAX_SUBJECT_LENGTH,
-    Attempt,
     Notification,
-    RetryAt,
+    Transition,
 )
+
+V = TypeVar("V")
 
 # What a claim reads of each row. Whatever a producer wrote, reading it cannot fail and cannot
 # cost more than the limits: long texts come back cut one character past their limit (the check
@@ -68,71 +69,52 @@ CLAIM_DUE = for_driver(
 """
 )
 
-# ``sent_at`` is when the provider accepted the row (the worker's clock, as Unix time), not when
-# the batch was recorded; never later than the database's now().
-MARK_SENT = text(
-    """
-    UPDATE notifications AS n
-       SET status = 'sent', sent_at = least(to_timestamp(v.sent_at), now()), updated_at = now(),
-           locked_until = NULL, provider_message_id = v.provider_message_id,
-           provider = v.provider
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
-                  CAST(:providers AS text[]), CAST(:sent_at AS float8[]))
-           AS v(id, provider_message_id, provider, sent_at)
-     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-    """
-)
-
-# The same, also appending each changed row's attempt to the history, in one statement: on the
-# hot path the history costs no extra round trip and no second copy of the ids.
-MARK_SENT_RECORDED = text(
-    """
-    WITH sent AS (
+# One guarded statement records a whole group of outcomes, from parallel arrays (as River's
+# JobSetStateIfRunningMany does): each row's way out of ``processing``, what it carries, and,
+# when a worker is named, its attempt appended to the history. The outcome travels as its
+# position in ``OUTCOMES``. A column with nothing in it travels as an empty array (``unnest``
+# pads it with NULLs): a group of plain sends parses no codes, errors or retry times, and no
+# outcome code means ``sent``. ``sent_at`` is when the provider accepted the row (the worker's
+# clock, as Unix time), never later than now(). A deferred row gives its attempt back and
+# counts a deferral instead; the history keeps the attempt's number.
+OUTCOMES = ("sent", "retry", "deferred", "dead", "cancelled")
+_OUTCOME_NAMES = "ARRAY[" + ", ".join(f"'{o}'" for o in OUTCOMES) + "]"
+RECORD_OUTCOMES = text(
+    f"""
+    WITH changed AS (
         UPDATE notifications AS n
-           SET status = 'sent', sent_at = least(to_timestamp(v.sent_at), now()),
+           SET status = CASE WHEN v.code IN (2, 3) THEN 'pending'
+                             ELSE ({_OUTCOME_NAMES})[v.code] END,
                updated_at = now(), locked_until = NULL,
-               provider_message_id = v.provider_message_id, provider = v.provider
-          FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS text[]),
-                      CAST(:providers AS text[]), CAST(:sent_at AS float8[]),
-                      CAST(:durations AS int[]))
-               AS v(id, provider_message_id, provider, sent_at, duration_ms)
+               sent_at = CASE WHEN v.code = 1 THEN least(to_timestamp(v.sent_at), now())
+                              ELSE n.sent_at END,
+               provider_message_id = CASE WHEN v.code = 1 THEN v.message_id
+                                          ELSE n.provider_message_id END,
+               provider = CASE WHEN v.code = 1 THEN v.provider ELSE n.provider END,
+               last_error = CASE WHEN v.code = 1 THEN n.last_error ELSE v.error END,
+               next_attempt_at = coalesce(to_timestamp(v.next_at), n.next_attempt_at),
+               attempts = n.attempts - CASE WHEN v.code = 3 AND n.attempts > 0 THEN 1 ELSE 0 END,
+               deferrals = n.deferrals + CASE WHEN v.code = 3 THEN 1 ELSE 0 END
+          FROM (SELECT id, coalesce(code, 1) AS code, error, next_at, message_id, provider,
+                       sent_at, duration_ms
+                  FROM unnest(CAST(:ids AS bigint[]), CAST(:codes AS int[]),
+                              CAST(:errors AS text[]), CAST(:next_at AS float8[]),
+                              CAST(:message_ids AS text[]), CAST(:providers AS text[]),
+                              CAST(:sent_at AS float8[]), CAST(:durations AS int[]))
+                       AS u(id, code, error, next_at, message_id, provider, sent_at,
+                            duration_ms)) AS v
          WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-        RETURNING n.id, n.attempts, n.channel, v.provider, v.duration_ms
+        RETURNING n.id, n.attempts + CASE WHEN v.code = 3 THEN 1 ELSE 0 END AS attempt,
+                  n.channel, v.code, v.error, v.duration_ms, v.provider
     ), history AS (
         INSERT INTO notification_attempts
-               (notification_id, attempt, worker, channel, outcome, duration_ms, provider)
-        SELECT id, attempts, :worker, channel, 'sent', duration_ms, provider FROM sent
+               (notification_id, attempt, worker, channel, outcome, error, duration_ms, provider)
+        SELECT id, attempt, CAST(:worker AS text), channel, ({_OUTCOME_NAMES})[code],
+               error, duration_ms, provider
+          FROM changed
+         WHERE CAST(:worker AS text) IS NOT NULL
     )
-    SELECT count(*) FROM sent
-    """
-)
-
-SCHEDULE_RETRY = text(
-    """
-    UPDATE notifications AS n
-       SET status = 'pending', updated_at = now(), locked_until = NULL,
-           next_attempt_at = v.next_attempt_at, last_error = v.error
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]),
-                  CAST(:next_attempts AS timestamptz[])) AS v(id, error, next_attempt_at)
-     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-    """
-)
-
-MARK_DEAD = text(
-    """
-    UPDATE notifications AS n
-       SET status = 'dead', updated_at = now(), locked_until = NULL, last_error = v.error
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS v(id, error)
-     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-    """
-)
-
-MARK_CANCELLED = text(
-    """
-    UPDATE notifications AS n
-       SET status = 'cancelled', updated_at = now(), locked_until = NULL, last_error = v.reason
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:reasons AS text[])) AS v(id, reason)
-     WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
+    SELECT count(*) FROM changed
     """
 )
 
@@ -174,18 +156,6 @@ RELEASE = text(
            next_attempt_at = coalesce(CAST(:not_before AS timestamptz), next_attempt_at),
            last_error = coalesce(CAST(:reason AS text), last_error)
      WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'processing' AND claim_token = :token
-    """
-)
-
-RECORD_ATTEMPTS = text(
-    """
-    INSERT INTO notification_attempts
-           (notification_id, attempt, worker, channel, outcome, error, duration_ms, provider)
-    SELECT v.id, v.attempt, :worker, v.channel, v.outcome, v.error, v.duration_ms, v.provider
-      FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[]), CAST(:channels AS text[]),
-                  CAST(:outcomes AS text[]), CAST(:errors AS text[]),
-                  CAST(:durations AS int[]), CAST(:providers AS text[]))
-           AS v(id, attempt, channel, outcome, error, duration_ms, provider)
     """
 )
 
@@ -260,57 +230,35 @@ def claim_due(
     return claimed
 
 
-def mark_sent(
-    conn: Connection,
-    token: UUID,
-    sent: Mapping[int, str | None],
-    providers: Mapping[int, str],
-    history: tuple[str, Mapping[int, int | None]] | None = None,
-    sent_at: Mapping[int, float] | None = None,
+def record_outcomes(
+    conn: Connection, token: UUID, outcomes: Sequence[Transition], worker: str | None = None
 ) -> int:
-    """``processing`` -> ``sent`` for the rows still held by ``token``, naming the provider.
-
-    ``sent_at`` has the Unix time each row's send ended; a row without one is stamped now.
-
-    With ``history`` (the worker's name and each row's send duration in ms), the attempts are
-    appended to ``notification_attempts`` by the same statement.
-    """
-    if not sent:
+    """Each row still held by ``token`` leaves ``processing`` as its ``Transition`` says, in one
+    statement; how many rows it changed. With ``worker`` named, the changed rows' attempts are
+    appended to ``notification_attempts`` by the same statement."""
+    if not outcomes:
         return 0
-    params: dict[str, Any] = {
+    codes = [None if t.outcome == "sent" else OUTCOMES.index(t.outcome) + 1 for t in outcomes]
+    params = {
         "token": token,
-        "ids": number_array(sent),
-        "sent_at": number_array((sent_at or {}).get(i) for i in sent),
-        "message_ids": list(sent.values()),
-        "providers": [providers.get(i) for i in sent],
+        "worker": worker,
+        "ids": number_array(t.id for t in outcomes),
+        "codes": _column(number_array, codes),
+        "errors": _column(text_array, [t.error for t in outcomes]),
+        "next_at": _column(
+            number_array, [None if t.at is None else t.at.timestamp() for t in outcomes]
+        ),
+        "message_ids": _column(text_array, [t.message_id for t in outcomes]),
+        "providers": _column(text_array, [t.provider for t in outcomes]),
+        "sent_at": _column(number_array, [t.sent_at for t in outcomes]),
+        "durations": _column(number_array, [t.duration_ms for t in outcomes]),
     }
-    if history is None:
-        return rowcount(conn.execute(MARK_SENT, params))
-    worker, durations = history
-    params.update(worker=worker, durations=number_array(durations.get(i) for i in sent))
-    return int(conn.execute(MARK_SENT_RECORDED, params).scalar_one())
+    return int(conn.execute(RECORD_OUTCOMES, params).scalar_one())
 
 
-def schedule_retry(conn: Connection, token: UUID, retries: Sequence[RetryAt]) -> int:
-    """``processing`` -> ``pending`` at a later time, with the failure's reason."""
-    return _pending_again(conn, SCHEDULE_RETRY, token, retries)
-
-
-def mark_dead(conn: Connection, token: UUID, dead: Mapping[int, str]) -> int:
-    """``processing`` -> ``dead`` with the reason a producer can act on."""
-    if not dead:
-        return 0
-    return rowcount(
-        conn.execute(MARK_DEAD, {"token": token, "ids": list(dead), "errors": list(dead.values())})
-    )
-
-
-def mark_cancelled(conn: Connection, token: UUID, cancelled: Mapping[int, str]) -> int:
-    """``processing`` -> ``cancelled`` (a guard said no, or the row expired), with the reason."""
-    if not cancelled:
-        return 0
-    params = {"token": token, "ids": list(cancelled), "reasons": list(cancelled.values())}
-    return rowcount(conn.execute(MARK_CANCELLED, params))
+def _column(literal: Callable[[list[V]], str], values: list[V]) -> str:
+    """An array literal for one column of ``unnest``: empty when every value is NULL."""
+    return literal(values) if any(v is not None for v in values) else "{}"
 
 
 def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
@@ -325,27 +273,6 @@ def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int]
         if is_paused:
             paused.add(int(row_id))
     return held, paused
-
-
-def defer(conn: Connection, token: UUID, deferrals: Sequence[RetryAt]) -> int:
-    """``processing`` -> ``pending`` at a later time without using up the attempt: the
-    provider asked us to slow down (a 429), which says nothing about the message."""
-    return _pending_again(conn, DEFER, token, deferrals)
-
-
-def _pending_again(
-    conn: Connection, statement: TextClause, token: UUID, rows: Sequence[RetryAt]
-) -> int:
-    """Run ``SCHEDULE_RETRY`` or ``DEFER`` (same parameters) for ``rows``, if there are any."""
-    if not rows:
-        return 0
-    params = {
-        "token": token,
-        "ids": [r.id for r in rows],
-        "errors": [r.error for r in rows],
-        "next_attempts": [r.at for r in rows],
-    }
-    return rowcount(conn.execute(statement, params))
 
 
 def park_claimed(conn: Connection, token: UUID, ids: Iterable[int]) -> int:
@@ -373,25 +300,6 @@ def release(
         return 0
     params = {"token": token, "ids": id_list, "not_before": not_before, "reason": reason}
     return rowcount(conn.execute(RELEASE, params))
-
-
-def record_attempts(conn: Connection, worker: str, attempts: Sequence[Attempt]) -> None:
-    """Append a batch's attempts to ``notification_attempts``, in one statement."""
-    if not attempts:
-        return
-    conn.execute(
-        RECORD_ATTEMPTS,
-        {
-            "worker": worker,
-            "ids": [a.id for a in attempts],
-            "attempts": [a.attempt for a in attempts],
-            "channels": [a.channel for a in attempts],
-            "outcomes": [a.outcome for a in attempts],
-            "errors": [a.error for a in attempts],
-            "durations": [a.duration_ms for a in attempts],
-            "providers": [a.provider for a in attempts],
-        },
-    )
 
 
 def _decode(

@@ -34,3 +34,14 @@ def number_array(values: Iterable[float | None]) -> str:
     """A numeric array as one literal for ``CAST(... AS bigint[])`` and the like: psycopg dumps
     a list element by element, which every batch would pay for each of its rows."""
     return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
+
+
+def text_array(values: Iterable[str | None]) -> str:
+    """A text array as one literal, for ``CAST(... AS text[])``, as ``number_array`` for
+    numbers: each element double-quoted with its backslashes and double quotes escaped, which
+    the array parser reads back exactly, whatever else the text holds."""
+    return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TypeVar
 from uuid import UUID
@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from notifier.db import queue
 from notifier.delivery.outcomes import Plan, Result
 from notifier.delivery.prepare import Content
-from notifier.models import Attempt, Notification, truncate
+from notifier.models import Attempt, Notification, Transition, truncate
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,10 @@ class Recorder:
         rows: list[Notification],
         results: dict[int, Result],
     ) -> int:
-        recording = self.settings.record_attempts
-        durations = {a.id: a.duration_ms for a in history if a.outcome == "sent"}
-        providers = {a.id: a.provider for a in history if a.provider is not None}
+        worker = self.worker if self.settings.record_attempts else None
 
         def statements(c: Connection) -> int:
-            sent_history = (self.worker, durations) if recording else None
-            changed = transitions(c, token, decided, ended, providers, sent_history)
-            if recording:
-                others = [a for a in history if a.outcome != "sent"]
-                queue.record_attempts(c, self.worker, others)
+            changed = queue.record_outcomes(c, token, transitions(decided, history, ended), worker)
             self.content.record_suppressions(c, rows, results)
             return changed
 
@@ -112,7 +106,8 @@ class Recorder:
         log.error("recording notification %s failed: %s", ids, exc)
         plain = decided.plainly(truncate(why))
         try:
-            return self.write(lambda c: transitions(c, token, plain, ended))
+            changes = transitions(plain, history, ended)
+            return self.write(lambda c: queue.record_outcomes(c, token, changes))
         except DBAPIError:
             log.exception("notification %s: even its plain outcome was refused", ids)
             return 0
@@ -137,18 +132,22 @@ class Recorder:
 
 
 def transitions(
-    c: Connection,
-    token: UUID,
-    decided: Plan,
-    ended: dict[int, float],
-    providers: dict[int, str] | None = None,
-    sent_history: tuple[str, dict[int, int | None]] | None = None,
-) -> int:
-    """Every guarded transition of a plan; how many rows they changed."""
-    return (
-        queue.mark_sent(c, token, decided.sent, providers or {}, sent_history, sent_at=ended)
-        + queue.schedule_retry(c, token, decided.retries)
-        + queue.defer(c, token, decided.deferred)
-        + queue.mark_dead(c, token, decided.dead)
-        + queue.mark_cancelled(c, token, decided.cancelled)
-    )
+    decided: Plan, history: Sequence[Attempt], ended: Mapping[int, float]
+) -> list[Transition]:
+    """The plan's writes, one per attempt of ``history`` (which ``attempts_of`` made from it)."""
+    later = {r.id: r for r in (*decided.retries, *decided.deferred)}
+    errors = {**{i: r.error for i, r in later.items()}, **decided.dead, **decided.cancelled}
+    return [
+        Transition(
+            a.id,
+            a.outcome,
+            error=errors.get(a.id),
+            at=later[a.id].at if a.id in later else None,
+            message_id=decided.sent.get(a.id),
+            provider=a.provider,
+            sent_at=ended.get(a.id),
+            duration_ms=a.duration_ms,
+        )
+        for a in history
+        if a.id in decided.sent or a.id in errors
+    ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine, text
 
 from notifier.db import queue, rescue
+from notifier.models import Transition
 
 
 def _insert(engine: Engine, n: int = 1, **cols: object) -> list[int]:
@@ -34,6 +36,65 @@ def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine) -> None:
     assert all(n.attempts == 1 for n in first + second)
 
 
+def test_one_statement_records_every_kind_of_outcome(engine: Engine) -> None:
+    ids = _insert(engine, 6)
+    token = uuid.uuid4()
+    later = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with engine.begin() as conn:
+        queue.claim_due(conn, limit=5, lease_seconds=60, token=token, worker="a")
+        sent, retry, deferred, dead, cancelled, unclaimed = ids
+        changes = [
+            Transition(
+                sent, "sent", message_id="m-1", provider="null", sent_at=1.7e9, duration_ms=12
+            ),
+            Transition(retry, "retry", error="timed out", at=later, provider="null"),
+            Transition(deferred, "deferred", error="HTTP 429", at=later),
+            Transition(dead, "dead", error="550 no such user"),
+            Transition(cancelled, "cancelled", error="expired"),
+            Transition(unclaimed, "sent"),  # not held by this claim: changes nothing
+        ]
+        assert queue.record_outcomes(conn, token, changes, worker="a") == 5
+        rows = {
+            r.id: r
+            for r in conn.execute(
+                text(
+                    "SELECT id, status, attempts, deferrals, last_error, next_attempt_at,"
+                    " provider_message_id, provider, sent_at, locked_until FROM notifications"
+                )
+            )
+        }
+        history = conn.execute(
+            text(
+                "SELECT notification_id, attempt, worker, outcome, error, duration_ms, provider"
+                " FROM notification_attempts ORDER BY notification_id"
+            )
+        ).all()
+    assert rows[sent].status == "sent"
+    assert rows[sent].provider_message_id == "m-1"
+    assert rows[sent].sent_at == datetime.fromtimestamp(1.7e9, UTC)
+    assert rows[sent].last_error is None
+    assert rows[sent].provider == "null"
+    assert (rows[retry].status, rows[retry].attempts, rows[retry].deferrals) == ("pending", 1, 0)
+    assert rows[retry].next_attempt_at == later
+    assert rows[retry].last_error == "timed out"
+    assert rows[retry].provider is None  # only a send sets the provider
+    assert (rows[deferred].status, rows[deferred].attempts) == ("pending", 0)
+    assert rows[deferred].deferrals == 1
+    assert rows[deferred].next_attempt_at == later
+    assert (rows[dead].status, rows[dead].last_error) == ("dead", "550 no such user")
+    assert (rows[cancelled].status, rows[cancelled].last_error) == ("cancelled", "expired")
+    assert rows[unclaimed].status == "pending"
+    assert rows[unclaimed].sent_at is None
+    assert all(rows[i].locked_until is None for i in ids)
+    assert [tuple(h) for h in history] == [
+        (sent, 1, "a", "sent", None, 12, "null"),
+        (retry, 1, "a", "retry", "timed out", None, "null"),
+        (deferred, 1, "a", "deferred", "HTTP 429", None, None),
+        (dead, 1, "a", "dead", "550 no such user", None, None),
+        (cancelled, 1, "a", "cancelled", "expired", None, None),
+    ]
+
+
 def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
     (row_id,) = _insert(engine)
     old = uuid.uuid4()
@@ -43,8 +104,10 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
         assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         new = uuid.uuid4()
         assert len(queue.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
-        assert queue.mark_sent(conn, old, {row_id: "late"}, {}) == 0
-        assert queue.mark_sent(conn, new, {row_id: "ok"}, {row_id: "null"}) == 1
+        late = Transition(row_id, "sent", message_id="late")
+        assert queue.record_outcomes(conn, old, [late]) == 0
+        ok = Transition(row_id, "sent", message_id="ok", provider="null")
+        assert queue.record_outcomes(conn, new, [ok]) == 1
         row = conn.execute(text("SELECT status, attempts, rescues FROM notifications")).one()
         history = conn.execute(
             text("SELECT attempt, worker, outcome FROM notification_attempts")
