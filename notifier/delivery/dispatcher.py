@@ -73,6 +73,41 @@ LIMITER_PACE = 0.02
 BATCH_TARGET_SECONDS = 0.5
 
 
+#: Outcomes are recorded in groups as sends end: once this many wait, or once the first of
+#: them has waited ``RECORD_WITHIN`` seconds. A worker killed mid-batch re-sends at most the
+#: group under way (and the sends in flight), not its whole batch; a group costs one short
+#: transaction.
+RECORD_GROUP = 64
+RECORD_WITHIN = 0.025
+
+
+class _Unrecorded:
+    """A batch's outcomes not recorded yet, and since when the oldest of them waits."""
+
+    def __init__(self, rows: dict[int, Notification], results: dict[int, Result]) -> None:
+        self.rows = rows
+        self.results = results
+        self._since = time.monotonic() if results else None
+
+    def add(self, results: dict[int, Result]) -> None:
+        if results and self._since is None:
+            self._since = time.monotonic()
+        self.results.update(results)
+
+    def due(self) -> bool:
+        """Whether the group is big or old enough to be recorded now."""
+        if self._since is None:
+            return False
+        waited = time.monotonic() - self._since
+        return len(self.results) >= RECORD_GROUP or waited >= RECORD_WITHIN
+
+    def take(self) -> dict[int, Result]:
+        """The outcomes to record, leaving none."""
+        taken, self.results = self.results, {}
+        self._since = None
+        return taken
+
+
 class SendingPaused(Exception):
     """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
 
@@ -263,14 +298,22 @@ class Dispatcher:
                 ready.append(n)
             else:
                 results[n.id] = early
+        unrecorded = _Unrecorded({n.id: n for n in rows}, results)
         try:
-            self._send_all(token, ready, deadline, results, report)
+            self._send_all(token, ready, deadline, unrecorded, report)
+            self._record(token, unrecorded, report)
         except BaseException:  # the batch is lost, its rows left to the rescue: so are its sends
             self._sender.drop()
             raise
         finally:
             self.registry.close()
-        attempted = [n for n in rows if n.id in results]
+
+    def _record(self, token: UUID, unrecorded: _Unrecorded, report: BatchReport) -> None:
+        """Decide and record the outcomes not recorded yet, in one transaction."""
+        results = unrecorded.take()
+        if not results:
+            return
+        attempted = [unrecorded.rows[i] for i in results]
         decided = plan(
             attempted,
             results,
@@ -280,16 +323,18 @@ class Dispatcher:
         )
         for scope, seconds in decided.throttled.items():
             self._block(scope, seconds)
-        history = attempts_of(attempted, decided, self._sender.durations, self._sender.used)
-        ended = dict(self._sender.ended)
-        self._sender.forget()
-        report.stale += len(results) - self._recorder.record(
-            token, decided, history, ended, rows, results
-        )
+        sender = self._sender
+        history = attempts_of(attempted, decided, sender.durations, sender.used)
+        ended = {i: sender.ended[i] for i in results if i in sender.ended}
+        changed = self._recorder.record(token, decided, history, ended, attempted, results)
+        sender.forget(results)
+        report.stale += len(results) - changed
         self.observe(history)
         explain(attempted, decided, log)
-        report.sent, report.dead = len(decided.sent), len(decided.dead)
-        report.retried, report.cancelled = len(decided.retries), len(decided.cancelled)
+        report.sent += len(decided.sent)
+        report.dead += len(decided.dead)
+        report.retried += len(decided.retries)
+        report.cancelled += len(decided.cancelled)
         report.released += len(decided.deferred)
 
     def _prepare(self, rows: list[Notification]) -> tuple[list[Notification], dict[int, Result]]:
@@ -318,10 +363,11 @@ class Dispatcher:
         token: UUID,
         rows: list[Notification],
         deadline: float,
-        results: dict[int, Result],
+        unrecorded: _Unrecorded,
         report: BatchReport,
     ) -> None:
-        """Send ``rows`` into ``results`` as fast as the rate limits allow, several at a time.
+        """Send ``rows`` as fast as the rate limits allow, several at a time, recording their
+        outcomes in small groups as they come (``RECORD_GROUP``, ``RECORD_WITHIN``).
 
         Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
         start in waves as slots come free (``sending.Sender``); before a wave that starts more
@@ -330,6 +376,10 @@ class Dispatcher:
         stopping, past the deadline, or when the limiter cannot be asked (fail closed), the rows
         not yet started are handed back without using up their attempt; sends under way finish.
         Sends still running ``longest_send_seconds`` after the deadline are abandoned.
+
+        Recording as the sends end, not once per batch, keeps the duplicate window small: a
+        worker killed mid-batch leaves unrecorded only the sends of the group under way, which
+        the rescue hands out again (counted in ``rescues``).
         """
         sender = self._sender
         queue = rows  # not yet granted by the rate limits
@@ -354,23 +404,27 @@ class Dispatcher:
             if ready and time.monotonic() - looked > RECHECK_AFTER:
                 ready = self._still_wanted(token, ready, report)
                 looked = time.monotonic()
-            ready = self._start(token, ready, results)
+            ready = self._start(token, ready, unrecorded)
             if sender.running:
-                results.update(sender.wait(pause))
+                unrecorded.add(sender.wait(pause))
                 if sender.running and time.monotonic() > overdue:
-                    results.update(sender.abandon())
+                    unrecorded.add(sender.abandon())
             elif queue and not ready:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+            if unrecorded.due():
+                self._record(token, unrecorded, report)
 
     def _start(
-        self, token: UUID, ready: list[Notification], results: dict[int, Result]
+        self, token: UUID, ready: list[Notification], unrecorded: _Unrecorded
     ) -> list[Notification]:
         """Send the inline rows at once and start the others as slots allow; return the rest."""
         if ready and self._sender.inline(ready[0]):
+            sent = {}
             for n in ready:  # no I/O: not worth a thread, and done at once
                 if self._sender.inline(n):
-                    results[n.id] = self._sender.send_inline(n)
-            ready = [n for n in ready if n.id not in results]
+                    sent[n.id] = self._sender.send_inline(n)
+            unrecorded.add(sent)
+            ready = [n for n in ready if n.id not in sent]
         return self._sender.start(ready, lambda n: self._ask_guard(token, n))
 
     def _still_wanted(

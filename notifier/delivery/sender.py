@@ -22,7 +22,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
@@ -60,7 +60,7 @@ class Sender:
 
     ``durations`` (seconds, the guard included), ``ended`` (the Unix time the send ended: the
     row's ``sent_at``) and ``used`` (the provider that answered last) are kept per row id for
-    the records; the dispatcher reads and clears them after every batch (``forget``). Only
+    the records; the dispatcher reads and clears them as it records the rows (``forget``). Only
     ``start``, ``wait`` and ``abandon`` are called, from one thread at a time.
     """
 
@@ -256,11 +256,12 @@ class Sender:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def forget(self) -> None:
-        """Clear what was kept of the batch's sends, once it is recorded."""
-        self.durations.clear()
-        self.ended.clear()
-        self.used.clear()
+    def forget(self, ids: Iterable[int]) -> None:
+        """Clear what was kept of these rows' sends, once they are recorded."""
+        for row_id in ids:
+            self.durations.pop(row_id, None)
+            self.ended.pop(row_id, None)
+            self.used.pop(row_id, None)
 
     def _ended(self, n: Notification, started: float) -> None:
         self.durations[n.id] = time.perf_counter() - started
