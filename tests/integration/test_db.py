@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import UTC, datetime
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from notifier.db import queue, rescue
+from notifier.db.sql import text_array
 from notifier.models import Transition
 
 
@@ -114,3 +118,26 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
         ).all()
     assert tuple(row) == ("sent", 2, 1)
     assert [tuple(h) for h in history] == [(1, "a", "rescued")]
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(
+        st.none() | st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"])),
+        max_size=8,
+    )
+)
+def test_a_text_array_literal_reads_back_exactly(engine: Engine, values: list[str | None]) -> None:
+    """Whatever a provider or a producer wrote (quotes, backslashes, braces, commas, NULL as
+    a word, new lines), the literal ``record_outcomes`` sends is read back as written."""
+    with engine.connect() as conn:
+        back = conn.execute(
+            text("SELECT CAST(:values AS text[])"), {"values": text_array(values)}
+        ).scalar_one()
+    assert back == values
