@@ -29,7 +29,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from uuid import UUID, uuid4
@@ -39,6 +38,7 @@ from sqlalchemy.exc import DBAPIError
 
 from notifier.db import queue
 from notifier.delivery import guards as guards_module
+from notifier.delivery.batch import BatchReport, Unrecorded
 from notifier.delivery.checks import RowCheck, named
 from notifier.delivery.guards import GuardError, Skip
 from notifier.delivery.outcomes import Cancelled, Result, attempts_of, explain, plan
@@ -73,90 +73,12 @@ LIMITER_PACE = 0.02
 BATCH_TARGET_SECONDS = 0.5
 
 
-#: Outcomes are recorded in groups as sends end: once this many wait, or once the first of
-#: them has waited ``RECORD_WITHIN`` seconds. A worker killed mid-batch re-sends at most the
-#: group under way (and the sends in flight), not its whole batch; a group costs one short
-#: transaction.
-RECORD_GROUP = 64
-RECORD_WITHIN = 0.025
-
-
-class _Unrecorded:
-    """A batch's outcomes not recorded yet, and since when the oldest of them waits."""
-
-    def __init__(self, rows: dict[int, Notification], results: dict[int, Result]) -> None:
-        self.rows = rows
-        self.results = results
-        self._since = time.monotonic() if results else None
-
-    def add(self, results: dict[int, Result]) -> None:
-        if results and self._since is None:
-            self._since = time.monotonic()
-        self.results.update(results)
-
-    def due(self) -> bool:
-        """Whether the group is big or old enough to be recorded now."""
-        if self._since is None:
-            return False
-        waited = time.monotonic() - self._since
-        return len(self.results) >= RECORD_GROUP or waited >= RECORD_WITHIN
-
-    def take(self) -> dict[int, Result]:
-        """The outcomes to record, leaving none."""
-        taken, self.results = self.results, {}
-        self._since = None
-        return taken
-
-
 class SendingPaused(Exception):
     """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
 
 
 def _always_open() -> None:
     return
-
-
-@dataclass(slots=True)
-class BatchReport:
-    claimed: int = 0
-    sent: int = 0
-    retried: int = 0
-    dead: int = 0
-    cancelled: int = 0
-    #: handed back unsent without using up an attempt: stopping, rate-limited, paused
-    released: int = 0
-    #: outcomes that changed nothing: the row was cancelled or rescued meanwhile
-    stale: int = 0
-    took: float = 0.0
-    #: why this batch could not send, when the send gate or the limiter was closed
-    paused: str | None = None
-
-    def log(self, worker: str) -> None:
-        """The batch's one summary line."""
-        log.info(
-            "batch claimed=%d sent=%d retried=%d dead=%d cancelled=%d released=%d stale=%d"
-            " took=%.3fs",
-            self.claimed,
-            self.sent,
-            self.retried,
-            self.dead,
-            self.cancelled,
-            self.released,
-            self.stale,
-            self.took,
-            extra={
-                "event": "batch",
-                "claimed": self.claimed,
-                "sent": self.sent,
-                "retried": self.retried,
-                "dead": self.dead,
-                "cancelled": self.cancelled,
-                "released": self.released,
-                "stale": self.stale,
-                "took": round(self.took, 3),
-                "worker": worker,
-            },
-        )
 
 
 class Dispatcher:
@@ -298,7 +220,7 @@ class Dispatcher:
                 ready.append(n)
             else:
                 results[n.id] = early
-        unrecorded = _Unrecorded({n.id: n for n in rows}, results)
+        unrecorded = Unrecorded({n.id: n for n in rows}, results)
         try:
             self._send_all(token, ready, deadline, unrecorded, report)
             self._record(token, unrecorded, report)
@@ -308,7 +230,7 @@ class Dispatcher:
         finally:
             self.registry.close()
 
-    def _record(self, token: UUID, unrecorded: _Unrecorded, report: BatchReport) -> None:
+    def _record(self, token: UUID, unrecorded: Unrecorded, report: BatchReport) -> None:
         """Decide and record the outcomes not recorded yet, in one transaction."""
         results = unrecorded.take()
         if not results:
@@ -363,7 +285,7 @@ class Dispatcher:
         token: UUID,
         rows: list[Notification],
         deadline: float,
-        unrecorded: _Unrecorded,
+        unrecorded: Unrecorded,
         report: BatchReport,
     ) -> None:
         """Send ``rows`` as fast as the rate limits allow, several at a time, recording their
@@ -415,7 +337,7 @@ class Dispatcher:
                 self._record(token, unrecorded, report)
 
     def _start(
-        self, token: UUID, ready: list[Notification], unrecorded: _Unrecorded
+        self, token: UUID, ready: list[Notification], unrecorded: Unrecorded
     ) -> list[Notification]:
         """Send the inline rows at once and start the others as slots allow; return the rest."""
         if ready and self._sender.inline(ready[0]):

@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.delivery.dispatcher import BatchReport, Dispatcher
+from notifier.delivery.batch import BatchReport
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.models import Notification
 from notifier.providers import Outcome, Provider, Registry, Sent, load_registry, registry_of
 from notifier.settings import Settings, get_settings

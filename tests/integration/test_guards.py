@@ -26,7 +26,8 @@ from werkzeug import Request, Response
 
 import notifier
 from notifier.delivery import guards
-from notifier.delivery.dispatcher import RECHECK_AFTER, BatchReport, Dispatcher
+from notifier.delivery.batch import BatchReport
+from notifier.delivery.dispatcher import RECHECK_AFTER, Dispatcher
 from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
