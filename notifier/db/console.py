@@ -54,16 +54,20 @@ GAUGES = text(
     """
 )
 
-# One row per minute of the last hour, oldest first; served by notification_attempts_at.
+# One row per minute of the last hour, oldest first: one range read of the hour through
+# notification_attempts_at (a BRIN index, migration 0015), counted by minute.
 SENT_PER_MINUTE = text(
     """
-    SELECT m.minute, count(a.id) FILTER (WHERE a.outcome = 'sent'),
-           count(a.id) FILTER (WHERE a.outcome IN ('retry', 'dead'))
+    SELECT m.minute, coalesce(c.sent, 0), coalesce(c.failed, 0)
       FROM generate_series(date_trunc('minute', now()) - interval '59 minutes',
                            date_trunc('minute', now()), interval '1 minute') AS m(minute)
-      LEFT JOIN notification_attempts a
-             ON a.at >= m.minute AND a.at < m.minute + interval '1 minute'
-     GROUP BY m.minute ORDER BY m.minute
+      LEFT JOIN (SELECT date_trunc('minute', at) AS minute,
+                        count(*) FILTER (WHERE outcome = 'sent') AS sent,
+                        count(*) FILTER (WHERE outcome IN ('retry', 'dead')) AS failed
+                   FROM notification_attempts
+                  WHERE at >= date_trunc('minute', now()) - interval '59 minutes'
+                  GROUP BY 1) AS c USING (minute)
+     ORDER BY m.minute
     """
 )
 
