@@ -1,6 +1,6 @@
 """Celery's settings for notifier, each with the reason it is set.
 
-Loaded by ``notifier.worker.tasks`` with ``app.config_from_object("celeryconfig")``. Values that an
+Loaded by ``notifier.worker.app`` with ``app.config_from_object("celeryconfig")``. Values that an
 operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER_*``).
 """
 
