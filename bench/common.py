@@ -68,15 +68,20 @@ def admin_connect() -> Conn:
     return psycopg.connect(database_url("postgres"), autocommit=True, connect_timeout=10)
 
 
-def recreate_database(name: str) -> str:
-    """Drop and recreate database ``name``, migrate it with ``notifier migrate``; its URL."""
+def scratch_database(name: str) -> str:
+    """Drop and recreate database ``name``, empty; its URL."""
     try:
         with admin_connect() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             admin.execute(f'CREATE DATABASE "{name}"')
     except psycopg.Error as exc:
         raise SetupError(f"cannot recreate {name} on {psycopg_url(POSTGRES)}: {exc}") from exc
-    url = database_url(name)
+    return database_url(name)
+
+
+def recreate_database(name: str) -> str:
+    """Drop and recreate database ``name``, migrate it with ``notifier migrate``; its URL."""
+    url = scratch_database(name)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its "database ... is at ..." lines
             migrate(sqlalchemy_url(url))

@@ -21,7 +21,7 @@ What it measures
        URLs): ``celery -A notifier worker --concurrency=--processes`` and beat, ready, then
        ``--rows`` due ``null`` rows INSERTed in one statement and drained. Time from the
        INSERT's commit to the last row recorded ``sent`` (its ``updated_at``), as
-       ``bench/throughput.py``'s measurement (2). ``--set NAME=VALUE`` (repeatable) gives the
+       ``bench/end_to_end.py``. ``--set NAME=VALUE`` (repeatable) gives the
        worker a ``NOTIFIER_<NAME>`` setting, e.g. ``--set BATCH_SIZE=500``, to see what a
        change of default would do; the targets are for the defaults.
 
@@ -45,7 +45,7 @@ How to run it
                               [--set NAME=VALUE] [--keep]
         python bench/field.py --scaling 1,2,4
 
-    Databases ``notifier_bench_field_<a|b|c>`` on ``NOTIFIER_BENCH_POSTGRES`` (default
+    Databases ``notifier_bench_field_<a|b|c>_<pid>`` on ``NOTIFIER_BENCH_POSTGRES`` (default
     ``postgresql://postgres@127.0.0.1:5432``); Redis db 12 (``NOTIFIER_BENCH_FIELD_REDIS``),
     flushed before each drain of (c) and at the end. Every process started is stopped on exit,
     Ctrl-C or SIGTERM.
@@ -53,61 +53,30 @@ How to run it
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import multiprocessing
 import os
-import platform
-import queue
-import shlex
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench.common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench
 
 import psycopg
-import redis
 
-from bench.common import (
-    Conn,
-    CpuMeter,
-    Services,
-    SetupError,
-    admin_connect,
-    backend_pids,
-    celery_ping,
-    cpu_seconds,
-    database_url,
-    drop_databases,
-    flush_redis,
-    git_commit,
-    load,
-    process_tree,
-    recreate_database,
-    run_interruptibly,
-    server_settings,
-    service_env,
-    wait_until,
-    waker_listening,
-)
+from bench import harness
+from bench.common import SetupError, load, run_interruptibly
+from bench.drains import drain, workers
+from bench.harness import Bench, Result, describe_settings, ratio_line
 from notifier.settings import Settings
 
 REDIS = os.environ.get("NOTIFIER_BENCH_FIELD_REDIS", "redis://127.0.0.1:6379/12")
-DATABASE_PREFIX = "notifier_bench_field_"
-POLL = 0.2
-READY_TIMEOUT = 90.0
 #: notifier end to end must reach these shares of (a) and (b).
 TARGET_CEILING = 0.6
 TARGET_PGQUEUER = 1.25
@@ -130,27 +99,6 @@ RETURNING q.id
 MINIMAL_DONE = "UPDATE queue SET status = 'done' WHERE id = ANY(%s)"
 PGQUEUER_ENTRYPOINT = "null"
 PGQUEUER_ENQUEUE_CHUNK = 10_000
-
-
-@dataclass
-class Result:
-    """One drain: rows done in how many seconds, and the CPU it cost."""
-
-    rows: int
-    seconds: float
-    client_cpu: float = 0.0
-    postgres_cpu: float = 0.0
-    redis_cpu: float = 0.0
-    connections: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else float("nan")
-
-    def per_row(self) -> str:
-        us = 1e6 / max(self.rows, 1)
-        text = f"{self.client_cpu * us:.0f} us client + {self.postgres_cpu * us:.0f} us PostgreSQL"
-        return text + (f" + {self.redis_cpu * us:.0f} us Redis" if self.redis_cpu else "")
 
 
 # --- child processes ---------------------------------------------------------------------------
@@ -214,110 +162,42 @@ def _pgqueuer_worker(
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def run_processes(
-    target: Callable[..., None], url: str, database: str, app: str, processes: int, batch: int
-) -> tuple[float, list[dict[str, Any]], float]:
-    """Start ``processes`` children, let them go together and wait for their reports.
-
-    Returns (Unix time of the start signal, their reports, CPU of their PostgreSQL backends).
-    """
-    ctx = multiprocessing.get_context("spawn")
-    ready: Queue[Any] = ctx.Queue()
-    results: Queue[Any] = ctx.Queue()
-    go = ctx.Event()
-    procs: list[BaseProcess] = []
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            for _ in range(processes):
-                proc = ctx.Process(target=target, args=(url, batch, ready, go, results))
-                proc.daemon = True
-                proc.start()
-                procs.append(proc)
-            _wait_ready(procs, ready, results, app)
-            meter = CpuMeter()
-            backends = backend_pids(conn, database, app)
-            meter.start(backends)
-            started = time.time()
-            go.set()
-            reports: list[dict[str, Any]] = []
-            deadline = time.monotonic() + 600
-            while len(reports) < processes:
-                meter.sample(backends)
-                with contextlib.suppress(queue.Empty):
-                    reports.append(results.get(timeout=POLL))
-                if time.monotonic() > deadline:
-                    raise SetupError(f"{app} did not finish within 600 s")
-            meter.sample(backends)
-    finally:
-        for child in procs:
-            child.join(5)
-            if child.is_alive():
-                child.kill()
-                child.join()
-    errors = [r["error"] for r in reports if "error" in r]
-    if errors:
-        raise SetupError(f"{app} failed: {errors[0]}")
-    return started, reports, meter.seconds
-
-
-def _wait_ready(procs: list[BaseProcess], ready: Queue[Any], results: Queue[Any], app: str) -> None:
-    """Wait until every child is connected; a child's failure ends the wait at once."""
-    waiting = len(procs)
-    deadline = time.monotonic() + 60
-    while waiting:
-        try:
-            ready.get(timeout=POLL)
-            waiting -= 1
-            continue
-        except queue.Empty:
-            pass
-        with contextlib.suppress(queue.Empty):
-            report = results.get_nowait()
-            raise SetupError(f"{app} failed before the start: {report.get('error', report)}")
-        dead = [p.exitcode for p in procs if not p.is_alive()]
-        if dead or time.monotonic() > deadline:
-            raise SetupError(f"{app}: {waiting} processes not ready (exit codes {dead})")
-
-
 # --- the three drains --------------------------------------------------------------------------
 
 
-def scratch_database(name: str) -> str:
-    with admin_connect() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return database_url(name)
-
-
-def minimal(rows: int, processes: int, batch: int) -> Result:
-    name = DATABASE_PREFIX + "a"
-    url = scratch_database(name)
+def minimal(bench: Bench) -> Result:
+    """(a): the minimal table drained by plain loops."""
+    args = bench.args
+    name, url = bench.scratch("field_a")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(MINIMAL_SCHEMA)
         conn.execute(
-            "INSERT INTO queue (status) SELECT 'pending' FROM generate_series(1, %s)", [rows]
+            "INSERT INTO queue (status) SELECT 'pending' FROM generate_series(1, %s)", [args.rows]
         )
         conn.execute("VACUUM ANALYZE queue")
-    started, reports, pg_cpu = run_processes(
-        _minimal_loop, url, name, "bench-field-minimal", processes, batch
+    started, reports, pg_cpu = harness.run_children(
+        _minimal_loop, url, name, args.processes, args.batch
     )
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FILTER (WHERE status = 'done') FROM queue").fetchone()
+    bench.done_with(name)
     done = int(row[0]) if row else 0
-    if done != rows or sum(r["rows"] for r in reports) != rows:
-        raise SetupError(f"(a) drained {done:,} of {rows:,} rows")
+    if done != args.rows or sum(r["rows"] for r in reports) != args.rows:
+        raise SetupError(f"(a) drained {done:,} of {args.rows:,} rows")
     seconds = max(r["finished"] for r in reports) - started
-    return Result(rows, seconds, sum(r["cpu"] for r in reports), pg_cpu, connections=processes)
+    cpu = sum(r["cpu"] for r in reports)
+    return Result(args.rows, seconds, cpu, pg_cpu, connections=args.processes)
 
 
-def pgqueuer(rows: int, processes: int, batch: int) -> Result:
+def pgqueuer(bench: Bench) -> Result:
+    """(b): PgQueuer's own table drained by its QueueManagers."""
     try:
         import asyncpg
         from pgqueuer import AsyncpgDriver, Queries
     except ImportError as exc:
         raise SetupError(f"(b) needs PgQueuer: pip install -e '.[bench]' ({exc})") from exc
-    name = DATABASE_PREFIX + "b"
-    url = scratch_database(name)
+    rows, processes = bench.args.rows, bench.args.processes
+    name, url = bench.scratch("field_b")
 
     async def install_and_enqueue() -> None:
         conn = await asyncpg.connect(url)
@@ -332,8 +212,8 @@ def pgqueuer(rows: int, processes: int, batch: int) -> Result:
             await conn.close()
 
     asyncio.run(install_and_enqueue())
-    started, reports, pg_cpu = run_processes(
-        _pgqueuer_worker, url, name, "bench-field-pgqueuer", processes, batch
+    started, reports, pg_cpu = harness.run_children(
+        _pgqueuer_worker, url, name, processes, bench.args.batch
     )
     with psycopg.connect(url) as conn:
         row = conn.execute(
@@ -341,6 +221,7 @@ def pgqueuer(rows: int, processes: int, batch: int) -> Result:
             " WHERE status = 'successful'"
         ).fetchone()
         left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+    bench.done_with(name)
     assert row is not None
     assert left is not None
     if int(row[0]) != rows or int(left[0]) != 0:
@@ -349,105 +230,16 @@ def pgqueuer(rows: int, processes: int, batch: int) -> Result:
     return Result(rows, seconds, sum(r["cpu"] for r in reports), pg_cpu, connections=processes)
 
 
-@contextlib.contextmanager
-def notifier_workers(
-    workdir: Path, concurrency: int, keep: bool, settings: dict[str, str]
-) -> Iterator[tuple[Services, Conn, str]]:
-    """A fresh notifier database, a worker (``--concurrency``) and beat with the default
-    settings but ``settings``, ready. Yields them, an autocommit connection and the database's
-    name."""
-    name = DATABASE_PREFIX + "c"
-    url = recreate_database(name)
-    flush_redis(REDIS)
-    tag = workdir / f"c-{concurrency}-{time.monotonic_ns()}"
-    tag.mkdir()
-    env = service_env(url, REDIS, tag, settings)
-    services = Services(env, tag)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            services.start("worker", "worker", f"--concurrency={concurrency}", "--loglevel=WARNING")
-            services.start(
-                "beat", "beat", "--loglevel=WARNING", f"--schedule={tag / 'celerybeat-schedule'}"
-            )
-            wait_until(lambda: celery_ping(env), READY_TIMEOUT, "celery inspect ping", services)
-            wait_until(lambda: waker_listening(conn, name), 30, "the wake-up listener", services)
-            yield services, conn, name
-            services.check_alive()
-            problems = services.problems()
-            if problems:
-                print(f"    {len(problems)} warning/error log lines, e.g. {problems[0][:160]}")
-    finally:
-        services.stop()
-        if not keep:
-            drop_databases([name])
-
-
-def redis_pid() -> int | None:
-    """The Redis server's process id, when it runs on this machine."""
-    client = redis.Redis.from_url(REDIS, socket_timeout=5)
-    try:
-        info: dict[str, Any] = client.info("server")  # type: ignore[assignment]
-        pid = int(info["process_id"])
-    finally:
-        client.close()
-    return pid if cpu_seconds(pid) is not None else None
-
-
-def notifier_drain(
-    rows: int, concurrency: int, workdir: Path, keep: bool, settings: dict[str, str]
-) -> Result:
-    """(c): ``rows`` due ``null`` rows drained by notifier's worker, default settings but
-    ``settings``."""
-    with notifier_workers(workdir, concurrency, keep, settings) as (services, conn, name):
-        worker = services.pid("worker")
-        workers, backends, redis_meter = CpuMeter(), CpuMeter(), CpuMeter()
-        workers.start(process_tree(worker))
-        backends.start(backend_pids(conn, name))
-        server = redis_pid()
-        redis_meter.start([server] if server else [])
-        conn.execute(
-            "INSERT INTO notifications (channel, recipient, subject, body)"
-            " SELECT 'null', 'bench', 'field', 'row ' || g FROM generate_series(1, %s) AS g",
-            (rows,),
-        )
-        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
-        assert row is not None
-        committed = float(row[0])
-        connections = 0
-        deadline = time.monotonic() + 60 + rows / 500
-        while time.monotonic() < deadline:
-            time.sleep(POLL)
-            services.check_alive()
-            workers.sample(process_tree(worker))
-            pids = backend_pids(conn, name)
-            connections = max(connections, len(pids))
-            backends.sample(pids)
-            redis_meter.sample(list(redis_meter.first))
-            if not _unfinished(conn):
-                break
-        row = conn.execute(
-            "SELECT count(*), extract(epoch FROM max(updated_at))::float8 FROM notifications"
-            " WHERE status = 'sent'"
-        ).fetchone()
-    assert row is not None
-    if int(row[0]) != rows:
-        raise SetupError(f"(c) sent {row[0]:,} of {rows:,} rows")
-    return Result(
-        rows,
-        float(row[1]) - committed,
-        workers.seconds,
-        backends.seconds,
-        redis_meter.seconds,
-        connections,
-    )
-
-
-def _unfinished(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM notifications WHERE status = 'pending')"
-        " OR EXISTS (SELECT 1 FROM notifications WHERE status = 'processing')"
-    ).fetchone()
-    return bool(row and row[0])
+def notifier_drain(bench: Bench, concurrency: int) -> Result:
+    """(c): due ``null`` rows drained by notifier's worker, its defaults but ``--set``'s."""
+    rows = bench.args.rows
+    name, url = bench.database("field_c")
+    with workers(bench, f"c-{concurrency}", name, url, {}, concurrency) as (services, conn):
+        d = drain(conn, name, services, rows, "null", "bench", 60 + rows / 500, bench.redis)
+    bench.done_with(name)
+    if d.sent != rows:
+        raise SetupError(f"(c) sent {d.sent:,} of {rows:,} rows: {d.by_status}")
+    return d.result()
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -481,47 +273,47 @@ def show(label: str, result: Result) -> None:
     )
 
 
-def compare(args: argparse.Namespace, workdir: Path) -> None:
+def compare(bench: Bench) -> None:
+    args = bench.args
     batch, processes, rows = args.batch, args.processes, args.rows
     default_batch = Settings.model_fields["batch_size"].default
     a = Series(f"(a) minimal table, {processes} procs, batch {batch}")
     b = Series(f"(b) PgQueuer 1.6, {processes} procs, batch {batch}")
-    c = Series(f"(c) notifier, --concurrency={processes}, {describe(args.set)}")
+    c = Series(f"(c) notifier, --concurrency={processes}, {describe_settings(args.set)}")
     for round_ in range(1, args.repeat + 1):
         print(f"\nround {round_} of {args.repeat} (load {load()})", flush=True)
-        a.results.append(minimal(rows, processes, batch))
+        a.results.append(minimal(bench))
         show("(a) minimal table", a.results[-1])
-        b.results.append(pgqueuer(rows, processes, batch))
+        b.results.append(pgqueuer(bench))
         show("(b) PgQueuer", b.results[-1])
-        c.results.append(notifier_drain(rows, processes, workdir, args.keep, args.set))
+        c.results.append(notifier_drain(bench, processes))
         show("(c) notifier", c.results[-1])
     print(f"\n{rows:,} due rows each; median of {args.repeat} runs")
     for series in (a, b, c):
         print(series.line())
     batch_size = args.set.get("batch_size", f"{default_batch}, its default")
-    print(f"  notifier ran with NOTIFIER_BATCH_SIZE={batch_size}; settings: {describe(args.set)}")
+    print(
+        f"  notifier ran with NOTIFIER_BATCH_SIZE={batch_size};"
+        f" settings: {describe_settings(args.set)}"
+    )
     print()
     for target, name, share in ((a, "(a)", TARGET_CEILING), (b, "(b)", TARGET_PGQUEUER)):
-        ratio = c.median / target.median
-        rounds = " ".join(
-            f"{x.rate / y.rate:.2f}" for x, y in zip(c.results, target.results, strict=True)
-        )
-        verdict = "PASS" if ratio >= share else "FAIL"
+        line = ratio_line(name, c.results, target.results, share)
         if args.set:
-            verdict += " (the targets are for notifier's defaults)"
-        print(
-            f"  notifier / {name} = {ratio:.2f} (target >= {share}): {verdict};"
-            f" round by round {rounds}"
-        )
+            line += " (the targets are for notifier's defaults)"
+        print(f"  {line}")
 
 
-def scaling(args: argparse.Namespace, workdir: Path) -> None:
+def scaling(bench: Bench) -> None:
+    args = bench.args
     levels: list[int] = args.scaling
-    series = {n: Series(f"notifier, --concurrency={n}, {describe(args.set)}") for n in levels}
+    series = {
+        n: Series(f"notifier, --concurrency={n}, {describe_settings(args.set)}") for n in levels
+    }
     for round_ in range(1, args.repeat + 1):
         print(f"\nround {round_} of {args.repeat} (load {load()})", flush=True)
         for n in levels:
-            series[n].results.append(notifier_drain(args.rows, n, workdir, args.keep, args.set))
+            series[n].results.append(notifier_drain(bench, n))
             show(f"--concurrency={n}", series[n].results[-1])
     print(f"\n{args.rows:,} due null rows each; median of {args.repeat} runs")
     for n in levels:
@@ -529,93 +321,21 @@ def scaling(args: argparse.Namespace, workdir: Path) -> None:
         print(series[n].line() + f"; at most {most} connections")
 
 
-def run(args: argparse.Namespace) -> int:
-    command = shlex.join([sys.executable, *sys.argv])
-    workdir = Path(tempfile.mkdtemp(prefix="notifier-bench-field-"))
-    failed = False
-    try:
-        with admin_connect() as admin:
-            pg = server_settings(admin, ["server_version", "shared_buffers", "synchronous_commit"])
-        print(
-            f"notifier against the field ({git_commit()}, Python {platform.python_version()},"
-            f" {os.cpu_count()} CPUs, PostgreSQL {pg['server_version']}, shared_buffers"
-            f" {pg['shared_buffers']}, synchronous_commit {pg['synchronous_commit']})"
-        )
-        print(f"load average at the start: {load()}")
-        if args.scaling:
-            scaling(args, workdir)
-        else:
-            compare(args, workdir)
-        return 0
-    except SetupError as exc:
-        failed = True
-        print(f"\nsetup failed: {exc}", file=sys.stderr)
-        return 1
-    except (psycopg.OperationalError, redis.RedisError) as exc:
-        failed = True
-        print(f"\nrun failed (was PostgreSQL or Redis restarted?): {exc}", file=sys.stderr)
-        return 1
-    finally:
-        print(f"load average at the end: {load()}")
-        print(f"command: {command}")
-        if not args.keep:
-            with contextlib.suppress(psycopg.Error):
-                drop_databases(DATABASE_PREFIX + x for x in "abc")
-            with contextlib.suppress(SetupError):
-                flush_redis(REDIS)
-        if args.keep or failed:
-            print(f"kept logs in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _levels(value: str) -> list[int]:
-    try:
-        levels = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected e.g. 1,2,4") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: worker process counts are at least 1")
-    return levels
-
-
-def _setting(value: str) -> tuple[str, str]:
-    name, sep, setting = value.partition("=")
-    name = name.strip().upper().removeprefix("NOTIFIER_")
-    if not sep or not name.replace("_", "").isalnum():
-        raise argparse.ArgumentTypeError(f"{value!r}: expected NAME=VALUE, e.g. BATCH_SIZE=500")
-    return name.lower(), setting
-
-
-def describe(settings: dict[str, str]) -> str:
-    """``defaults``, or the ``NOTIFIER_*`` settings given."""
-    return " ".join(f"NOTIFIER_{k.upper()}={v}" for k, v in settings.items()) or "defaults"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="notifier against the field (see the docstring)")
-    parser.add_argument("--rows", type=int, default=100_000, help="due rows per drain")
-    parser.add_argument("--batch", type=int, default=500, help="batch of (a) and (b)")
-    parser.add_argument("--processes", type=int, default=2, help="processes of (a), (b), (c)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each; the median counts")
+    parser = harness.parser(__doc__, ["rows", "set", "keep"])
+    parser.add_argument("--batch", type=harness.positive, default=500, help="batch of (a), (b)")
     parser.add_argument(
-        "--scaling", type=_levels, default=None, help="only notifier, with these worker counts"
+        "--processes", type=harness.positive, default=2, help="processes of (a), (b), (c)"
     )
     parser.add_argument(
-        "--set",
-        type=_setting,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a NOTIFIER_<NAME> setting for notifier's worker (default: none, its defaults),"
-        " e.g. --set BATCH_SIZE=500",
+        "--repeat", type=harness.positive, default=3, help="runs of each; the median counts"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the databases and logs")
-    args = parser.parse_args(argv)
-    args.set = dict(args.set)
-    if min(args.rows, args.batch, args.processes, args.repeat) < 1:
-        parser.error("--rows, --batch, --processes and --repeat must be at least 1")
-    return run_interruptibly(run, args)
+    parser.add_argument(
+        "--scaling", type=harness.levels, default=None, help="only notifier, these worker counts"
+    )
+    args = harness.parse(parser, argv)
+    measure = scaling if args.scaling else compare
+    return run_interruptibly(lambda a: harness.run("against the field", REDIS, a, [measure]), args)
 
 
 if __name__ == "__main__":

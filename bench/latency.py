@@ -33,13 +33,13 @@ How to run it
 
         python bench/latency.py [--rows N] [--delayed M] [--keep]
 
-    It takes about a minute. It drops and recreates the database ``notifier_bench_latency``
+    It takes about a minute. It creates the database ``notifier_bench_latency_<pid>``
     (``NOTIFIER_BENCH_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432``), flushes
     Redis db 14 (``NOTIFIER_BENCH_REDIS``, default ``redis://127.0.0.1:6379/14``), and runs,
     from the repository root, exactly what production runs::
 
         python -m celery -A notifier worker --concurrency=2 --loglevel=WARNING
-        python -m celery -A notifier beat --schedule=<temp dir>/celerybeat-schedule
+        python -m celery -A notifier beat --loglevel=WARNING --schedule=<temp dir>/...
 
     with ``NOTIFIER_*`` variables from the calling shell left out, so that only the settings
     below apply: the two URLs, ``NOTIFIER_WEBHOOK_ALLOW_HTTP=true``,
@@ -54,16 +54,11 @@ How to run it
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import platform
 import random
-import shlex
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,30 +67,12 @@ from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier, bench, tests.receiver
 
-import psycopg
-import redis
-
-from bench.common import (
-    POSTGRES,
-    Conn,
-    Services,
-    SetupError,
-    celery_ping,
-    drop_databases,
-    flush_redis,
-    git_commit,
-    load,
-    psycopg_url,
-    recreate_database,
-    run_interruptibly,
-    server_settings,
-    service_env,
-    wait_until,
-    waker_listening,
-)
+from bench import harness
+from bench.common import Conn, SetupError, run_interruptibly
+from bench.drains import status_counts, workers
+from bench.harness import Bench
 from tests.receiver import Receiver
 
-DATABASE = "notifier_bench_latency"
 REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 
 #: Seconds between two inserts of the light-load scenarios: about 20 rows a second.
@@ -115,8 +92,6 @@ WARMUP_SPACING = 0.05
 #: During the warm-up the receiver answers this slowly, so that a pool process busy with a
 #: webhook leaves the next dispatch to an idle one and every pool process gets rows.
 WARMUP_RECEIVER_DELAY = 0.2
-#: Set-up limits.
-READY_TIMEOUT = 60.0
 #: Targets.
 P95_TARGET_MS = 1000.0
 LATENESS_TARGET_MS = 1000.0
@@ -195,13 +170,7 @@ def wait_settled(conn: Conn, ids: list[int], timeout: float) -> dict[str, int]:
     """Wait until no row of ``ids`` is pending or processing; return the count by status."""
     deadline = time.monotonic() + timeout
     while True:
-        counts = {
-            str(status): int(n)
-            for status, n in conn.execute(
-                "SELECT status, count(*) FROM notifications WHERE id = ANY(%s) GROUP BY status",
-                (ids,),
-            ).fetchall()
-        }
+        counts = status_counts(conn, ids)
         unfinished = counts.get("pending", 0) + counts.get("processing", 0)
         if not unfinished or time.monotonic() >= deadline:
             return counts
@@ -211,7 +180,7 @@ def wait_settled(conn: Conn, ids: list[int], timeout: float) -> dict[str, int]:
 Since = Literal["created_at", "next_attempt_at"]
 
 
-def measure(conn: Conn, ids: list[int], since: Since) -> list[float]:
+def latencies(conn: Conn, ids: list[int], since: Since) -> list[float]:
     """``sent_at - <since>`` in ms of the sent rows of ``ids``, in insertion order."""
     rows = conn.execute(
         f"SELECT extract(epoch FROM sent_at - {since}) * 1000 FROM notifications"
@@ -228,7 +197,7 @@ def scenario(
     ids, seconds = paced(count, spacing, insert)
     counts = wait_settled(conn, ids, SETTLE_TIMEOUT)
     unsent = {s: n for s, n in counts.items() if s != "sent"}
-    return Result(name, count, measure(conn, ids, since), unsent, seconds)
+    return Result(name, count, latencies(conn, ids, since), unsent, seconds)
 
 
 def warm_up(conn: Conn, receiver: Receiver) -> int:
@@ -272,7 +241,7 @@ def _fmt(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f}"
 
 
-def report(results: list[Result], late: Result, command: str, services: list[str]) -> None:
+def report(results: list[Result], late: Result) -> None:
     print()
     print(f"{'scenario':<22}{'rows':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for r in [*results, late]:
@@ -304,151 +273,64 @@ def report(results: list[Result], late: Result, command: str, services: list[str
         f" {LATENESS_TARGET_MS / 1000:.0f} s late, {early} early"
         f"{f', {sum(late.unsent.values())} not sent' if late.unsent else ''})"
     )
-    print(f"\nload average at the end: {load()} (other work on the machine adds to latency)")
-    print(f"command: {command}")
-    for line in services:
-        print(f"  {line}")
+    print("(other work on the machine adds to latency)")
 
 
-def run(args: argparse.Namespace) -> int:
-    command = shlex.join([sys.executable, *sys.argv])
-    workdir = Path(tempfile.mkdtemp(prefix="notifier-bench-latency-"))
-    services: Services | None = None
-    receiver: Receiver | None = None
-    conn: Conn | None = None
-    database_touched = False
-    failed = False
+def measure(bench: Bench) -> None:
+    name, url = bench.database("latency")
+    receiver = Receiver().start()
+    settings = {
+        "webhook_allow_http": "true",
+        "webhook_allowed_networks": "127.0.0.0/8,::1/128",  # the receiver
+    }
     try:
-        print(
-            f"notifier latency benchmark ({git_commit()}, Python {platform.python_version()},"
-            f" {os.cpu_count()} CPUs, load average {load()})"
-        )
-        print(f"  database {DATABASE} on {psycopg_url(POSTGRES)}; Redis {REDIS}; logs {workdir}")
-        flush_redis(REDIS)
-        database_touched = True
-        database_url = recreate_database(DATABASE)
-        db = conn = psycopg.connect(database_url, autocommit=True)
-        print(f"  PostgreSQL {server_settings(db, ['server_version'])['server_version']}")
-
-        receiver = Receiver().start()
-        env = service_env(
-            database_url,
-            REDIS,
-            workdir,
-            {
-                "webhook_allow_http": "true",
-                "webhook_allowed_networks": "127.0.0.0/8,::1/128",  # the receiver
-            },
-        )
-        services = Services(env, workdir)
-        worker_args = ("worker", f"--concurrency={CONCURRENCY}", "--loglevel=WARNING")
-        beat_args = ("beat", f"--schedule={workdir / 'celerybeat-schedule'}")
-        services.start("worker", *worker_args)
-        services.start("beat", *beat_args)
-        started = time.monotonic()
-        wait_until(lambda: celery_ping(env), READY_TIMEOUT, "celery inspect ping", services)
-        wait_until(lambda: waker_listening(db, DATABASE), 30, "the wake-up listener", services)
-        print(f"  worker ready after {time.monotonic() - started:.1f}s; warming up ...", flush=True)
-
-        url = receiver.url
-        warmed = warm_up(db, receiver)
-        print(f"  warm-up done: {warmed} of {CONCURRENCY} pool processes have sent both channels")
-
-        rng = random.Random(SEED)
-        results = [
-            scenario(
+        with workers(bench, "latency", name, url, settings, CONCURRENCY) as (services, db):
+            warmed = warm_up(db, receiver)
+            print(f"  warm-up: {warmed} of {CONCURRENCY} pool processes have sent both channels")
+            rng = random.Random(SEED)
+            hook = receiver.url
+            results = [
+                scenario(
+                    db,
+                    "null, light load",
+                    bench.args.rows,
+                    SPACING,
+                    lambda i: insert_null(db, i),
+                    "created_at",
+                ),
+                scenario(
+                    db,
+                    "webhook, light load",
+                    bench.args.rows,
+                    SPACING,
+                    lambda i: insert_webhook(db, i, hook),
+                    "created_at",
+                ),
+            ]
+            late = scenario(
                 db,
-                "null, light load",
-                args.rows,
-                SPACING,
-                lambda i: insert_null(db, i),
-                "created_at",
-            ),
-            scenario(
-                db,
-                "webhook, light load",
-                args.rows,
-                SPACING,
-                lambda i: insert_webhook(db, i, url),
-                "created_at",
-            ),
-        ]
-        late = scenario(
-            db,
-            "delayed: lateness",
-            args.delayed,
-            DELAYED_SPACING,
-            lambda i: insert_null(db, i, rng.uniform(*DELAY_RANGE)),
-            "next_attempt_at",
-        )
-        deliveries = receiver.counts()
-        repeats = sum(n - 1 for n in deliveries.values() if n > 1)
-        if repeats:
-            print(f"  note: the receiver got {repeats} repeated webhook deliveries")
-
-        report(results, late, command, services.commands)
-        for name, proc in services.procs:
-            if proc.poll() is not None:
-                print(f"\n{name} exited during the run, with status {proc.returncode}")
-        problems = services.problems()
-        if problems:
-            print(f"\n{len(problems)} warning/error lines in the worker and beat logs, e.g.:")
-            for line in problems[:5]:
-                print(f"  {line}")
-        return 0
-    except SetupError as exc:
-        failed = True
-        print(f"\nsetup failed: {exc}", file=sys.stderr)
-        if services is not None:
-            for name, _ in services.procs:
-                print(f"--- {name} log (tail) ---\n{services.log(name)[-3000:]}", file=sys.stderr)
-        return 1
-    except (psycopg.OperationalError, redis.RedisError) as exc:
-        failed = True
-        print(f"\nrun failed (was PostgreSQL or Redis restarted?): {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        failed = True  # keep the logs to look at
-        raise
+                "delayed: lateness",
+                bench.args.delayed,
+                DELAYED_SPACING,
+                lambda i: insert_null(db, i, rng.uniform(*DELAY_RANGE)),
+                "next_attempt_at",
+            )
+            bench.notes += [f"ran {command}" for command in services.commands]
     finally:
-        if conn is not None:
-            conn.close()
-        if services is not None:
-            print("stopping worker and beat ...", flush=True)
-            services.stop()
-        if receiver is not None:
-            receiver.stop()
-        if not args.keep:
-            if database_touched:
-                try:
-                    drop_databases([DATABASE])
-                except psycopg.Error as exc:
-                    print(f"could not drop {DATABASE}: {exc}", file=sys.stderr)
-            try:
-                flush_redis(REDIS)
-            except SetupError as exc:
-                print(exc, file=sys.stderr)
-        if args.keep or failed:
-            print(f"kept logs and beat schedule in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        receiver.stop()
+    bench.done_with(name)
+    repeats = sum(n - 1 for n in receiver.counts().values() if n > 1)
+    if repeats:
+        bench.notes.append(f"the receiver got {repeats} repeated webhook deliveries")
+    report(results, late)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Measure notifier's insert-to-sent latency at light load (see the docstring)."
-    )
-    parser.add_argument("--rows", type=int, default=200, help="rows per light-load scenario")
-    parser.add_argument("--delayed", type=int, default=50, help="delayed rows")
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the database, Redis db and logs afterwards"
-    )
-    args = parser.parse_args(argv)
-    if args.rows < 1 or args.delayed < 1:
-        parser.error("--rows and --delayed must be at least 1")
-    return run_interruptibly(run, args)
+    parser = harness.parser(__doc__, ["rows", "keep"])
+    parser.set_defaults(rows=200)
+    parser.add_argument("--delayed", type=harness.positive, default=50, help="delayed rows")
+    args = harness.parse(parser, argv)
+    return run_interruptibly(lambda a: harness.run("latency", REDIS, a, [measure]), args)
 
 
 if __name__ == "__main__":
