@@ -165,3 +165,8 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]
 def ago(delta: timedelta = timedelta(0), /, **parts: float) -> datetime:
     """The time ``delta`` (or ``timedelta(**parts)``) before now: ``ago(days=3)``."""
     return datetime.now(UTC) - delta - timedelta(**parts)
+
+
+def from_now(**parts: float) -> datetime:
+    """The time ``timedelta(**parts)`` after now: ``from_now(hours=1)``."""
+    return datetime.now(UTC) + timedelta(**parts)

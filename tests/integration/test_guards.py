@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
@@ -31,7 +31,7 @@ from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
-from tests.factories import MakeRow, MakeRows, SetEnv, ago
+from tests.factories import MakeRow, MakeRows, SetEnv, ago, from_now
 
 # Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
 LOOPBACK = "127.0.0.0/8,::1/128"
@@ -370,12 +370,7 @@ def test_expired_rows_are_cancelled_without_calling_provider_or_guard(
     expired_guarded = make_row(
         channel="webhook", recipient=hook, subject=ended, guard="http", expires_at=ago(seconds=1)
     )
-    fresh = make_row(
-        channel="webhook",
-        recipient=hook,
-        subject=on,
-        expires_at=datetime.now(UTC) + timedelta(hours=1),
-    )
+    fresh = make_row(channel="webhook", recipient=hook, subject=on, expires_at=from_now(hours=1))
 
     dispatcher = _dispatcher(engine, settings, set_env, httpserver.url_for("/guard"))
     report = dispatcher.run_once()
