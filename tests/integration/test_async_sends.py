@@ -27,7 +27,7 @@ from notifier.delivery.dispatcher import BatchReport, Dispatcher
 from notifier.models import Notification
 from notifier.providers import Outcome, Provider, Registry, Sent, load_registry, registry_of
 from notifier.settings import Settings, get_settings
-from tests.factories import MakeRows
+from tests.factories import MakeRows, SetEnv
 from tests.raw_server import Behaviour, RawServer, read_request, silence
 from tests.receiver import Receiver
 
@@ -40,21 +40,21 @@ Webhooks = Callable[..., None]
 
 
 @pytest.fixture
-def webhooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Webhooks]:
+def webhooks(set_env: SetEnv) -> Webhooks:
     """Configures the webhook provider through the environment, as a worker is configured."""
 
     def configure(*, allowed: str = LOOPBACK, timeout: float = 5, at_once: int = 100) -> None:
         # The provider keeps a connection for each send that may run at once.
-        monkeypatch.setenv("NOTIFIER_ASYNC_SEND_CONCURRENCY", str(at_once))
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", allowed)
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", str(timeout))
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_SECRET", SECRET)
-        get_settings.cache_clear()
+        set_env(
+            async_send_concurrency=at_once,
+            webhook_allow_http=True,
+            webhook_allowed_networks=allowed,
+            webhook_timeout=timeout,
+            webhook_secret=SECRET,
+        )
 
     configure()
-    yield configure
-    get_settings.cache_clear()
+    return configure
 
 
 @pytest.fixture
