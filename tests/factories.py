@@ -3,9 +3,10 @@
 ``Rows.make`` writes a row through the producers' own INSERT (``notifier.db.producers``), so a
 test's rows carry the defaults and triggers a producer's do; columns a producer never sets (a
 status, attempts, a claim, times in the past) are then set on that row in the same
-transaction. ``Rows.raw`` is for the rows no producer could write, on purpose: a payload that is
-no object, a channel nobody registered with a claim already on it. The fixtures in
-``tests/conftest.py`` hand these out as ``make_row``, ``make_rows`` and ``raw_row``.
+transaction. ``Rows.raw`` is for the rows no producer should write, on purpose: a payload that
+is no JSON object, times at infinity, text a terminal would act on. The fixtures in
+``tests/conftest.py`` hand these out as ``make_row``, ``make_rows`` and ``raw_row``, and
+``set_env`` (``environment`` here) for the settings read from the environment.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def _complete(state: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[SetEnv]:
     """Sets ``NOTIFIER_*`` variables for the code that reads ``get_settings()``.
 
     ``set_env(webhook_timeout=1, guard_http_url=None)`` sets ``NOTIFIER_WEBHOOK_TIMEOUT`` and
