@@ -4,6 +4,11 @@ The schema is migrated once per run into a template database; each test that ask
 ``database_url`` gets a fresh copy (``CREATE DATABASE ... TEMPLATE``), so tests never see each
 other's rows. ``NOTIFIER_TEST_POSTGRES`` points elsewhere if needed. Redis is a server of the
 run's own (``tests.redis_server``), unless ``NOTIFIER_TEST_REDIS`` names one to use instead.
+
+Rows and settings come from here too: ``make_row``/``make_rows`` write rows as a producer does,
+``raw_row`` the rows no producer could write (``tests.factories``); ``make_settings(**overrides)``
+builds a ``Settings`` for the test's database, and ``set_env(**settings)`` sets the environment
+that ``get_settings()`` reads, undone after the test.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from sqlalchemy import Engine, create_engine, text
 
 from notifier import db
 from notifier.db.migrate import migrate
-from notifier.settings import Settings, get_settings
+from notifier.settings import Settings
+from tests.factories import MakeRow, MakeRows, MakeSettings, Rows, SetEnv, environment
 from tests.raw_server import Behaviour, RawServer
 from tests.redis_server import RedisServer
 from tests.smtp_sink import SmtpSink
@@ -48,19 +54,25 @@ def template_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def database_url(template_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def set_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SetEnv]:
+    """``set_env(batch_size=10, smtp_host=None)`` sets (or, with None, removes) ``NOTIFIER_*``
+    variables and drops the cached ``get_settings()``; all undone after the test."""
+    with environment(monkeypatch) as set_env:
+        yield set_env
+
+
+@pytest.fixture
+def database_url(template_database: str, set_env: SetEnv) -> Iterator[str]:
     """A freshly migrated database of its own, also set as ``NOTIFIER_DATABASE_URL``."""
     name = f"notifier_test_{uuid.uuid4().hex[:12]}"
     admin = _admin()
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {template_database}"))
     url = f"{POSTGRES}/{name}"
-    monkeypatch.setenv("NOTIFIER_DATABASE_URL", url)
-    get_settings.cache_clear()
+    set_env(database_url=url)
     db.dispose_engine()
     yield url
     db.dispose_engine(close=True)
-    get_settings.cache_clear()
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
     admin.dispose()
@@ -85,42 +97,72 @@ def redis_server() -> Iterator[RedisServer | None]:
 
 
 @pytest.fixture
-def redis_url(redis_server: RedisServer | None, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def redis_url(redis_server: RedisServer | None, set_env: SetEnv) -> Iterator[str]:
     """A Redis database emptied for this test, also set as ``NOTIFIER_REDIS_URL``."""
     if redis_server is not None and not redis_server.alive():  # a fault test left it stopped
         redis_server.start()
     url = redis_server.url if redis_server is not None else str(REDIS)
     client = redis.Redis.from_url(url, socket_timeout=5)
     client.flushdb()
-    monkeypatch.setenv("NOTIFIER_REDIS_URL", url)
-    get_settings.cache_clear()
+    set_env(redis_url=url)
     yield url
     client.flushdb()
     client.close()
-    get_settings.cache_clear()
 
 
 @pytest.fixture
-def settings(database_url: str) -> Settings:
+def make_settings(database_url: str) -> MakeSettings:
+    """``make_settings(batch_size=10)``: Settings for this test's database, fast retries and
+    small batches unless overridden; the rest from the environment at the time of the call."""
+
+    def make(**overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "database_url": database_url,
+            "retry_base_seconds": 1,
+            "retry_max_seconds": 60,
+            "batch_size": 50,
+        }
+        return Settings(**{**values, **overrides})  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: MakeSettings) -> Settings:
     """Settings for this test's database, fast retries, small batches."""
-    return Settings(
-        database_url=database_url,
-        retry_base_seconds=1,
-        retry_max_seconds=60,
-        batch_size=50,
-    )
+    return make_settings()
 
 
 @pytest.fixture
-def smtp_sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpSink]:
+def rows(engine: Engine) -> Rows:
+    return Rows(engine)
+
+
+@pytest.fixture
+def make_row(rows: Rows) -> MakeRow:
+    """``make_row(channel="email", status="dead", last_error="boom") -> id``: see ``Rows.make``."""
+    return rows.make
+
+
+@pytest.fixture
+def make_rows(rows: Rows) -> MakeRows:
+    """``make_rows(3, recipient=lambda i: f"u{i}") -> ids``: see ``Rows.many``."""
+    return rows.many
+
+
+@pytest.fixture
+def raw_row(rows: Rows) -> MakeRow:
+    """``raw_row(channel="null", recipient="x", payload="[1]") -> id``: see ``Rows.raw``."""
+    return rows.raw
+
+
+@pytest.fixture
+def smtp_sink(set_env: SetEnv) -> Iterator[SmtpSink]:
     """A real SMTP server on loopback, also set as ``NOTIFIER_SMTP_HOST``/``_PORT``."""
     sink = SmtpSink().start()
-    monkeypatch.setenv("NOTIFIER_SMTP_HOST", sink.host)
-    monkeypatch.setenv("NOTIFIER_SMTP_PORT", str(sink.port))
-    get_settings.cache_clear()
+    set_env(smtp_host=sink.host, smtp_port=sink.port)
     yield sink
     sink.stop()
-    get_settings.cache_clear()
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.factories import Rows
 from tests.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -189,20 +190,11 @@ def webhook_services(services: Services) -> Services:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _insert(engine: Engine, url: str, n: int, **columns: object) -> list[int]:
-    names = "".join(f", {c}" for c in columns)
-    values = "".join(f", :{c}" for c in columns)
-    with engine.begin() as conn:
-        return list(
-            conn.execute(
-                text(
-                    f"INSERT INTO notifications (channel, recipient, subject{names})"
-                    f" SELECT 'webhook', :url, 'n' || i{values} FROM generate_series(1, :n) AS i"
-                    " RETURNING id"
-                ),
-                {"url": url, "n": n, **columns},
-            ).scalars()
-        )
+def _webhooks(engine: Engine, url: str, n: int, **columns: object) -> list[int]:
+    """``n`` webhook rows to ``url``, subjects n1, n2, ...: the work every fault interrupts."""
+    return Rows(engine).many(
+        n, channel="webhook", recipient=url, subject=lambda i: f"n{i}", **columns
+    )
 
 
 def _by_status(engine: Engine) -> dict[str, int]:
@@ -248,7 +240,7 @@ def test_sigkill_mid_batch_loses_nothing(
 ) -> None:
     services = webhook_services
     services.env.update(NOTIFIER_LEASE_SECONDS=str(LEASE))
-    ids = _insert(engine, receiver.url, ROWS)
+    ids = _webhooks(engine, receiver.url, ROWS)
     started = time.monotonic()
     services.worker("w1", concurrency=2)
     services.beat()
@@ -354,7 +346,7 @@ def test_slow_worker_loses_its_lease(
         NOTIFIER_LEASE_SECONDS=str(lease),
         NOTIFIER_WEBHOOK_TIMEOUT="60",  # a held request must outlast the lease, not time out
     )
-    [row] = _insert(engine, receiver.url, 1)
+    [row] = _webhooks(engine, receiver.url, 1)
     webhook_id = f"notification-{row}"
     # Both requests for the row wait for their answers until the test lets them go.
     first_answer, second_answer = receiver.hold(webhook_id, 1), receiver.hold(webhook_id, 2)
@@ -452,7 +444,7 @@ def test_postgres_restart_during_drain(
     rows = 5000
     # Short enough that a claim whose commit was cut off is rescued within the test.
     services.env.update(NOTIFIER_LEASE_SECONDS="10")
-    ids = _insert(engine, receiver.url, rows)
+    ids = _webhooks(engine, receiver.url, rows)
     services.worker("w1", concurrency=2)
     services.beat()
     wait_for(lambda: len(services.children("w1")) == 2, 30, "two pool processes")
@@ -532,7 +524,7 @@ def test_hanging_provider_times_out_and_frees_the_slot(
     services.env.update(NOTIFIER_WEBHOOK_TIMEOUT=str(timeout), NOTIFIER_LEASE_SECONDS=str(lease))
     hang = HangingServer()
     try:
-        [stuck] = _insert(engine, hang.url, 1, max_attempts=3)
+        [stuck] = _webhooks(engine, hang.url, 1, max_attempts=3)
         services.worker("w1", concurrency=1)  # one slot: a hang that held it would stop all
         services.beat()
         wait_for(lambda: len(services.children("w1")) == 1, 30, "the pool process")
@@ -579,7 +571,7 @@ def test_hanging_provider_times_out_and_frees_the_slot(
 
         # The next attempt hangs too. While it does, a good row goes out at once.
         wait_for(lambda: len(hang.accepted) == 2, 30, "the second attempt to connect")
-        [good] = _insert(engine, receiver.url, 1)
+        [good] = _webhooks(engine, receiver.url, 1)
         inserted = time.monotonic()
         wait_for(
             lambda: receiver.counts()[f"notification-{good}"] == 1, 20, "the good row's delivery"

@@ -12,6 +12,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from tests.acceptance.conftest import Services, wait_for
+from tests.factories import MakeRows
 from tests.receiver import Receiver
 from tests.redis_server import RedisServer
 
@@ -30,17 +31,6 @@ def receiver(services: Services) -> Iterator[Receiver]:
     r.stop()
 
 
-def _insert(engine: Engine, url: str, n: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, subject)"
-                " SELECT 'webhook', :url, 'n' || i FROM generate_series(1, :n) AS i"
-            ),
-            {"url": url, "n": n},
-        )
-
-
 def _by_status(engine: Engine) -> dict[tuple[str, int], int]:
     with engine.connect() as conn:
         rows = conn.execute(
@@ -52,10 +42,10 @@ def _by_status(engine: Engine) -> dict[tuple[str, int], int]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigterm_finishes_sends_under_way_and_hands_back_the_rest(
-    engine: Engine, services: Services, receiver: Receiver
+    engine: Engine, make_rows: MakeRows, services: Services, receiver: Receiver
 ) -> None:
     receiver.delay = 3.0
-    _insert(engine, receiver.url, 20)
+    make_rows(20, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     worker = services.worker(concurrency=1)
     services.beat()
     wait_for(lambda: len(receiver.deliveries) == 0 and _by_status(engine).get(("processing", 1), 0)
@@ -77,12 +67,16 @@ def test_sigterm_finishes_sends_under_way_and_hands_back_the_rest(
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_redis_down_stops_sending_and_burns_no_attempts(
-    engine: Engine, services: Services, receiver: Receiver, redis_server: RedisServer | None
+    engine: Engine,
+    make_rows: MakeRows,
+    services: Services,
+    receiver: Receiver,
+    redis_server: RedisServer | None,
 ) -> None:
     if redis_server is None:
         pytest.skip("stopping Redis needs the test run's own server (NOTIFIER_TEST_REDIS is set)")
     receiver.delay = 0.05
-    _insert(engine, receiver.url, 1500)
+    make_rows(1500, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     services.worker(concurrency=2)
     services.beat()
     wait_for(lambda: len(receiver.deliveries) >= 200, 60, "the drain to be under way")

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.factories import MakeRows, ago
 from tests.receiver import Receiver
 
 HEARTBEAT = 1.0
@@ -51,7 +52,7 @@ def _holding(engine: Engine) -> dict[str, set[int]]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_workers_rows_come_back_long_before_the_lease(
-    engine: Engine, services: Services, slow_receiver: Receiver
+    engine: Engine, services: Services, slow_receiver: Receiver, make_rows: MakeRows
 ) -> None:
     services.env.update(
         NOTIFIER_WEBHOOK_ALLOW_HTTP="true",
@@ -61,14 +62,7 @@ def test_a_killed_workers_rows_come_back_long_before_the_lease(
         NOTIFIER_BATCH_SIZE="10",
     )
     url = slow_receiver.url.replace("localhost", "127.0.0.1")
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, subject)"
-                " SELECT 'webhook', :url, 'n' || i FROM generate_series(1, 100) AS i"
-            ),
-            {"url": url},
-        )
+    make_rows(100, channel="webhook", recipient=url, subject=lambda i: f"n{i}")
     services.worker("w1", concurrency=1)
     services.worker("w2", concurrency=1)
     services.beat()
@@ -133,15 +127,9 @@ def _count_sent(engine: Engine) -> int:
 
 @pytest.mark.timeout(60)
 def test_a_worker_starting_on_due_rows_sends_them_without_beat(
-    engine: Engine, services: Services
+    engine: Engine, services: Services, make_rows: MakeRows
 ) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, next_attempt_at)"
-                " SELECT 'null', 'x', now() - interval '1 minute' FROM generate_series(1, 5)"
-            )
-        )
+    make_rows(5, next_attempt_at=ago(minutes=1))
     services.env.update(NOTIFIER_DISPATCH_INTERVAL="30")  # and no beat at all
     services.worker("w1", concurrency=1)
     wait_for(lambda: _count_sent(engine) == 5, 40, "the due rows to be sent")

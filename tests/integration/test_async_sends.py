@@ -28,6 +28,7 @@ from notifier.delivery.dispatcher import Dispatcher
 from notifier.models import Notification
 from notifier.providers import Outcome, Provider, Registry, Sent, load_registry, registry_of
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRows, SetEnv
 from tests.raw_server import Behaviour, RawServer, read_request, silence
 from tests.receiver import Receiver
 
@@ -40,21 +41,21 @@ Webhooks = Callable[..., None]
 
 
 @pytest.fixture
-def webhooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Webhooks]:
+def webhooks(set_env: SetEnv) -> Webhooks:
     """Configures the webhook provider through the environment, as a worker is configured."""
 
     def configure(*, allowed: str = LOOPBACK, timeout: float = 5, at_once: int = 100) -> None:
         # The provider keeps a connection for each send that may run at once.
-        monkeypatch.setenv("NOTIFIER_ASYNC_SEND_CONCURRENCY", str(at_once))
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", allowed)
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", str(timeout))
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_SECRET", SECRET)
-        get_settings.cache_clear()
+        set_env(
+            async_send_concurrency=at_once,
+            webhook_allow_http=True,
+            webhook_allowed_networks=allowed,
+            webhook_timeout=timeout,
+            webhook_secret=SECRET,
+        )
 
     configure()
-    yield configure
-    get_settings.cache_clear()
+    return configure
 
 
 @pytest.fixture
@@ -62,21 +63,6 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver().start()
     yield r
     r.stop()
-
-
-def _insert(engine: Engine, url: str, n: int, channel: str = "webhook") -> list[int]:
-    with engine.begin() as conn:
-        return [
-            int(i)
-            for i in conn.execute(
-                text(
-                    "INSERT INTO notifications (channel, recipient, subject)"
-                    " SELECT :channel, :url, 'n' || i FROM generate_series(1, :n) AS i"
-                    " RETURNING id"
-                ),
-                {"channel": channel, "url": url, "n": n},
-            ).scalars()
-        ]
 
 
 def _rows(engine: Engine) -> dict[int, tuple[Any, ...]]:
@@ -122,12 +108,16 @@ def _timed(dispatcher: Dispatcher, deadline: float | None = None) -> tuple[Batch
 
 
 def test_many_sends_overlap_and_each_is_signed(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver, webhooks: Webhooks
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    receiver: Receiver,
+    webhooks: Webhooks,
 ) -> None:
     """200 sends to a receiver that answers after 50 ms: one at a time would take 10 s."""
     webhooks(at_once=200)
     receiver.delay = 0.05
-    ids = _insert(engine, receiver.url, 200)
+    ids = make_rows(200, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     dispatcher = make_dispatcher(batch_size=200, send_concurrency=1, async_send_concurrency=200)
     report, took = _timed(dispatcher)
 
@@ -146,10 +136,10 @@ def test_many_sends_overlap_and_each_is_signed(
 
 @pytest.mark.usefixtures("webhooks")
 def test_connections_are_kept_alive_across_batches(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver
+    engine: Engine, make_rows: MakeRows, make_dispatcher: MakeDispatcher, receiver: Receiver
 ) -> None:
     receiver.delay = 0.05
-    _insert(engine, receiver.url, 100)
+    make_rows(100, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     dispatcher = make_dispatcher(batch_size=50, async_send_concurrency=50)
     first = dispatcher.run_once()
     opened = receiver.connections
@@ -162,7 +152,10 @@ def test_connections_are_kept_alive_across_batches(
 
 @pytest.mark.usefixtures("webhooks")
 def test_close_hangs_up_the_kept_alive_connections(
-    engine: Engine, make_dispatcher: MakeDispatcher, raw_server: Callable[[Behaviour], RawServer]
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    raw_server: Callable[[Behaviour], RawServer],
 ) -> None:
     hung_up = threading.Event()
 
@@ -172,7 +165,7 @@ def test_close_hangs_up_the_kept_alive_connections(
         hung_up.set()
 
     server = raw_server(keep_alive)
-    _insert(engine, server.url + "/hook", 1)
+    make_rows(1, channel="webhook", recipient=server.url + "/hook", subject="n1")
     dispatcher = make_dispatcher()
     assert dispatcher.run_once().sent == 1
     assert not hung_up.wait(0.3)  # kept for the next batch
@@ -185,10 +178,10 @@ def test_close_hangs_up_the_kept_alive_connections(
 
 @pytest.mark.usefixtures("webhooks")
 def test_server_errors_are_retried(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver
+    engine: Engine, make_rows: MakeRows, make_dispatcher: MakeDispatcher, receiver: Receiver
 ) -> None:
     receiver.status = 503
-    ids = _insert(engine, receiver.url, 3)
+    ids = make_rows(3, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     assert make_dispatcher().run_once().retried == 3
     rows = _rows(engine).values()
     assert {r[:2] for r in rows} == {("pending", 1)}
@@ -198,13 +191,14 @@ def test_server_errors_are_retried(
 
 def test_a_silent_server_is_bounded_by_the_read_timeout(
     engine: Engine,
+    make_rows: MakeRows,
     make_dispatcher: MakeDispatcher,
     raw_server: Callable[[Behaviour], RawServer],
     webhooks: Webhooks,
 ) -> None:
     webhooks(timeout=0.5)
     server = raw_server(silence)
-    _insert(engine, server.url + "/hook", 1)
+    make_rows(1, channel="webhook", recipient=server.url + "/hook", subject="n1")
     report, took = _timed(make_dispatcher())
 
     assert server.accepted == 1  # the fault happened: it took the request and said nothing
@@ -217,6 +211,7 @@ def test_a_silent_server_is_bounded_by_the_read_timeout(
 
 def test_a_dripping_server_is_bounded_by_the_whole_send_timeout(
     engine: Engine,
+    make_rows: MakeRows,
     make_dispatcher: MakeDispatcher,
     raw_server: Callable[[Behaviour], RawServer],
     webhooks: Webhooks,
@@ -235,7 +230,7 @@ def test_a_dripping_server_is_bounded_by_the_whole_send_timeout(
 
     webhooks(timeout=0.5)
     server = raw_server(drip)
-    _insert(engine, server.url + "/hook", 1)
+    make_rows(1, channel="webhook", recipient=server.url + "/hook", subject="n1")
     report, took = _timed(make_dispatcher())
 
     assert report.retried == 1
@@ -247,12 +242,16 @@ def test_a_dripping_server_is_bounded_by_the_whole_send_timeout(
 
 
 def test_internal_targets_are_refused_by_name_unless_allowed(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver, webhooks: Webhooks
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    receiver: Receiver,
+    webhooks: Webhooks,
 ) -> None:
     """``localhost`` resolves to loopback: refused without a connection, sent once allowed."""
     webhooks(allowed="")
     by_name = receiver.url.replace("127.0.0.1", "localhost")
-    [refused] = _insert(engine, by_name, 1)
+    [refused] = make_rows(1, channel="webhook", recipient=by_name, subject="n1")
     assert make_dispatcher().run_once().dead == 1
     status, attempts, error = _rows(engine)[refused]
     assert (status, attempts) == ("dead", 1)
@@ -261,7 +260,7 @@ def test_internal_targets_are_refused_by_name_unless_allowed(
     assert receiver.connections == 0
 
     webhooks(allowed=LOOPBACK)
-    [allowed] = _insert(engine, by_name, 1)
+    [allowed] = make_rows(1, channel="webhook", recipient=by_name, subject="n1")
     assert make_dispatcher().run_once().sent == 1
     assert receiver.counts() == {f"notification-{allowed}": 1}
 
@@ -272,10 +271,14 @@ def test_internal_targets_are_refused_by_name_unless_allowed(
 @pytest.mark.usefixtures("webhooks")
 @pytest.mark.parametrize("how", ["stopping", "deadline"])
 def test_sends_under_way_finish_and_unstarted_rows_are_handed_back(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver, how: str
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    receiver: Receiver,
+    how: str,
 ) -> None:
     receiver.delay = 1.5
-    ids = _insert(engine, receiver.url, 10)
+    ids = make_rows(10, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     stopping = threading.Event()
     dispatcher = make_dispatcher(async_send_concurrency=2, stopping=stopping)
     reports: list[BatchReport] = []
@@ -337,7 +340,10 @@ def _request() -> bytes:
 
 
 def test_an_endless_send_on_the_loop_is_abandoned_and_cancelled_for_real(
-    engine: Engine, make_dispatcher: MakeDispatcher, raw_server: Callable[[Behaviour], RawServer]
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    raw_server: Callable[[Behaviour], RawServer],
 ) -> None:
     hung_up = threading.Event()
 
@@ -352,7 +358,7 @@ def test_an_endless_send_on_the_loop_is_abandoned_and_cancelled_for_real(
                 continue
 
     server = raw_server(wait_for_hang_up)
-    _insert(engine, "x", 1, channel="forgetful")
+    make_rows(1, channel="forgetful", recipient="x", subject="n1")
     dispatcher = make_dispatcher(registry_of([ForgetfulAsync(server.url)]), **QUICK)
     assert dispatcher.settings.longest_send_seconds == pytest.approx(0.6)
     report, took = _timed(dispatcher, deadline=time.monotonic() + 0.2)
@@ -365,10 +371,13 @@ def test_an_endless_send_on_the_loop_is_abandoned_and_cancelled_for_real(
 
 
 def test_an_endless_send_in_a_thread_is_abandoned_after_the_deadline(
-    engine: Engine, make_dispatcher: MakeDispatcher, raw_server: Callable[[Behaviour], RawServer]
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    raw_server: Callable[[Behaviour], RawServer],
 ) -> None:
     server = raw_server(silence)
-    _insert(engine, "x", 1, channel="forgetful")
+    make_rows(1, channel="forgetful", recipient="x", subject="n1")
     dispatcher = make_dispatcher(registry_of([Forgetful(server.url)]), **QUICK)
     report, took = _timed(dispatcher, deadline=time.monotonic() + 0.2)
 
@@ -380,13 +389,17 @@ def test_an_endless_send_in_a_thread_is_abandoned_after_the_deadline(
 
 
 def test_sent_at_is_when_each_send_ended_not_when_the_batch_was_recorded(
-    engine: Engine, make_dispatcher: MakeDispatcher, receiver: Receiver, webhooks: Webhooks
+    engine: Engine,
+    make_rows: MakeRows,
+    make_dispatcher: MakeDispatcher,
+    receiver: Receiver,
+    webhooks: Webhooks,
 ) -> None:
     """One send at a time to a receiver that takes 0.3 s: the rows' ``sent_at`` are 0.3 s
     apart, and the first is well before the batch was written."""
     webhooks(at_once=1)
     receiver.delay = 0.3
-    _insert(engine, receiver.url, 3)
+    make_rows(3, channel="webhook", recipient=receiver.url, subject=lambda i: f"n{i}")
     report = make_dispatcher(async_send_concurrency=1).run_once()
     assert report.sent == 3
     with engine.connect() as conn:

@@ -35,6 +35,7 @@ from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.factories import SetEnv
 from tests.raw_server import RawServer, read_request
 from tests.receiver import Receiver
 from tests.smtp_sink import SmtpSink
@@ -204,18 +205,14 @@ RECEIVERS = {
 
 
 @pytest.fixture
-def targets(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", "1")
-    get_settings.cache_clear()
+def targets(set_env: SetEnv) -> Iterator[dict[str, str]]:
+    set_env(webhook_allow_http=True, webhook_allowed_networks="127.0.0.0/8", webhook_timeout=1)
     servers = {name: RawServer(behave) for name, behave in RECEIVERS.items()}
     good = Receiver().start()
     yield {"good": good.url.removesuffix("/hook"), **{n: s.url for n, s in servers.items()}}
     good.stop()
     for server in servers.values():
         server.stop()
-    get_settings.cache_clear()
 
 
 INSERT = text(

@@ -18,6 +18,7 @@ from notifier.campaigns import CampaignError, Campaigns
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow
 from tests.migrations import migrate
 
 AUDIENCE = 50_000
@@ -317,17 +318,11 @@ def test_cancel_stops_every_unsent_row(engine: Engine, campaigns: Campaigns) -> 
 
 
 def test_an_urgent_row_overtakes_the_campaign_backlog(
-    engine: Engine, campaigns: Campaigns, settings: Settings
+    engine: Engine, campaigns: Campaigns, settings: Settings, make_row: MakeRow
 ) -> None:
     _prepare(campaigns, n=2_000)
     campaigns.launch("spring")
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, subject)"
-                " VALUES ('null', 'ann@example.com', 'Reset your password')"
-            )
-        )
+    make_row(channel="null", recipient="ann@example.com", subject="Reset your password")
     time.sleep(0.01)
     Dispatcher(engine, load_registry(get_settings()), settings).run_once()
     assert _one(engine, "SELECT status FROM notifications WHERE recipient = 'ann@example.com'") == (

@@ -28,6 +28,7 @@ from notifier.providers.base import Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow
 from tests.smtp_sink import SmtpSink
 
 ANN = "ann@example.com"
@@ -431,33 +432,23 @@ def test_suppress_commands(engine: Engine, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_the_dispatcher_renders_suppresses_and_records_bounces(
-    engine: Engine, settings: Settings, smtp_sink: SmtpSink
+    engine: Engine, settings: Settings, smtp_sink: SmtpSink, make_row: MakeRow
 ) -> None:
     add_template(engine, "de", subject="Willkommen, {{ first_name }}", body="Hallo!")
     suppress_by_sql(engine, "email", "bob@example.com", "unsubscribed")
     smtp_sink.rcpt_replies[GONE] = "550 5.1.1 no such user"
-    sql(
-        engine,
-        """
-        INSERT INTO notifications (channel, recipient, subject, body, payload, template, locale)
-        VALUES ('email', 'ann@example.com', NULL, NULL, '{"first_name": "Ann"}', 'welcome',
-                'de-AT'),
-               ('email', 'bob@example.com', 'hi', 'hello', '{}', NULL, NULL),
-               ('email', 'gone@example.com', 'hi', 'hello', '{}', NULL, NULL),
-               ('email', 'cy@example.com', NULL, NULL, '{}', 'welcome', 'de'),
-               ('null', 'x', NULL, NULL, '{}', NULL, NULL)
-        """,
-    )
+    welcome = {"channel": "email", "template": "welcome"}
+    make_row(**welcome, recipient="ann@example.com", payload={"first_name": "Ann"}, locale="de-AT")
+    make_row(channel="email", recipient="bob@example.com", subject="hi", body="hello")
+    make_row(channel="email", recipient="gone@example.com", subject="hi", body="hello")
+    make_row(**welcome, recipient="cy@example.com", locale="de")
+    make_row(channel="null", recipient="x")
     dispatcher = Dispatcher(
         engine, registry_of([EmailProvider(get_settings()), NullProvider(Settings())]), settings
     )
     try:
         dispatcher.run_once()
-        sql(
-            engine,
-            "INSERT INTO notifications (channel, recipient, subject) VALUES ('email', :r, 'again')",
-            r=GONE,
-        )
+        make_row(channel="email", recipient=GONE, subject="again")
         dispatcher.run_once()
     finally:
         dispatcher.close()

@@ -13,23 +13,11 @@ from sqlalchemy import Engine, text
 from notifier.db import queue, rescue
 from notifier.db.sql import text_array
 from notifier.models import Transition
+from tests.factories import MakeRow, MakeRows
 
 
-def _insert(engine: Engine, n: int = 1, **cols: object) -> list[int]:
-    columns = {"channel": "null", "recipient": "x", **cols}
-    names = ", ".join(columns)
-    values = ", ".join(f":{k}" for k in columns)
-    with engine.begin() as conn:
-        return [
-            conn.execute(
-                text(f"INSERT INTO notifications ({names}) VALUES ({values}) RETURNING id"), columns
-            ).scalar_one()
-            for _ in range(n)
-        ]
-
-
-def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine) -> None:
-    ids = _insert(engine, 5)
+def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine, make_rows: MakeRows) -> None:
+    ids = make_rows(5)
     with engine.begin() as conn:
         first = queue.claim_due(conn, limit=3, lease_seconds=60, token=uuid.uuid4(), worker="a")
     with engine.begin() as conn:
@@ -40,8 +28,8 @@ def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine) -> None:
     assert all(n.attempts == 1 for n in first + second)
 
 
-def test_one_statement_records_every_kind_of_outcome(engine: Engine) -> None:
-    ids = _insert(engine, 6)
+def test_one_statement_records_every_kind_of_outcome(engine: Engine, make_rows: MakeRows) -> None:
+    ids = make_rows(6)
     token = uuid.uuid4()
     later = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     with engine.begin() as conn:
@@ -99,8 +87,8 @@ def test_one_statement_records_every_kind_of_outcome(engine: Engine) -> None:
     ]
 
 
-def test_late_write_with_an_old_token_changes_nothing(engine: Engine) -> None:
-    (row_id,) = _insert(engine)
+def test_late_write_with_an_old_token_changes_nothing(engine: Engine, make_row: MakeRow) -> None:
+    row_id = make_row()
     old = uuid.uuid4()
     with engine.begin() as conn:
         queue.claim_due(conn, limit=1, lease_seconds=60, token=old, worker="a")

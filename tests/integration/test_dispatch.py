@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
@@ -11,6 +10,9 @@ from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry, registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, MakeRows, MakeSettings, SetEnv, ago, from_now
+
+LOOPBACK = "127.0.0.0/8,::1/128"
 
 
 def _rows(engine: Engine, sql: str, **params: object) -> list[tuple[object, ...]]:
@@ -23,15 +25,12 @@ def _statuses(engine: Engine) -> dict[int, tuple[object, ...]]:
     return {int(r[0]): r[1:] for r in rows}  # type: ignore[call-overload]
 
 
-def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> None:
-    _rows(
-        engine,
-        "INSERT INTO notifications (channel, recipient)"
-        " SELECT 'null', 'x' FROM generate_series(1, 260)"
-        " RETURNING id",
-    )
+def test_backlog_drains_in_full_batches(
+    engine: Engine, make_settings: MakeSettings, make_rows: MakeRows
+) -> None:
+    make_rows(260)
     calls: list[int] = []
-    fixed = settings.model_copy(update={"max_batch_size": settings.batch_size})
+    fixed = make_settings(batch_size=50, max_batch_size=50)
     dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), fixed)
     reports = dispatcher.drain(on_full_batch=lambda: calls.append(1))
     dispatcher.close()
@@ -43,25 +42,17 @@ def test_backlog_drains_in_full_batches(engine: Engine, settings: Settings) -> N
 
 
 def test_batches_grow_while_a_backlog_remains_and_start_small_again(
-    engine: Engine, settings: Settings
+    engine: Engine, make_settings: MakeSettings, make_rows: MakeRows
 ) -> None:
     """The first claim is ``batch_size``; after a full one the next claims what half a second
     of sends at that pace takes, up to ``max_batch_size``; a short batch ends the drain, and
     the next drain starts small again."""
-    _rows(
-        engine,
-        "INSERT INTO notifications (channel, recipient)"
-        " SELECT 'null', 'x' FROM generate_series(1, 3000) RETURNING id",
-    )
-    grown = settings.model_copy(update={"max_batch_size": 400})
+    make_rows(3000)
+    grown = make_settings(max_batch_size=400)
     dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), grown)
     try:
         first = [r.claimed for r in dispatcher.drain(budget_seconds=120)]
-        _rows(
-            engine,
-            "INSERT INTO notifications (channel, recipient)"
-            " SELECT 'null', 'x' FROM generate_series(1, 60) RETURNING id",
-        )
+        make_rows(60)
         second = [r.claimed for r in dispatcher.drain(budget_seconds=120)]
     finally:
         dispatcher.close()
@@ -74,19 +65,12 @@ def test_batches_grow_while_a_backlog_remains_and_start_small_again(
 
 
 def test_bad_rows_go_dead_with_a_reason_and_block_nothing(
-    engine: Engine, settings: Settings
+    engine: Engine, settings: Settings, raw_row: MakeRow
 ) -> None:
-    _rows(
-        engine,
-        """
-        INSERT INTO notifications (channel, recipient, payload, priority) VALUES
-          ('pigeon', 'x', '{}', 10),
-          ('null', 'x', '[1, 2]', 10),
-          ('null', 'x', '"text"', 10),
-          ('null', 'ok', '{}', 0)
-        RETURNING id
-        """,
-    )
+    raw_row(channel="pigeon", recipient="x", payload="{}", priority=10)
+    raw_row(channel="null", recipient="x", payload="[1, 2]", priority=10)
+    raw_row(channel="null", recipient="x", payload='"text"', priority=10)
+    raw_row(channel="null", recipient="ok", payload="{}", priority=0)
     Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     rows = _statuses(engine)
     assert rows[1] == ("dead", 1, "unknown channel 'pigeon'; this deployment serves: null")
@@ -95,17 +79,12 @@ def test_bad_rows_go_dead_with_a_reason_and_block_nothing(
     assert rows[4] == ("sent", 1, None)
 
 
-def test_only_due_pending_rows_are_claimed(engine: Engine, settings: Settings) -> None:
-    _rows(
-        engine,
-        """
-        INSERT INTO notifications (channel, recipient, status, next_attempt_at) VALUES
-          ('null', 'due', 'pending', now() - interval '1 second'),
-          ('null', 'later', 'pending', now() + interval '1 hour'),
-          ('null', 'cancelled', 'cancelled', now())
-        RETURNING id
-        """,
-    )
+def test_only_due_pending_rows_are_claimed(
+    engine: Engine, settings: Settings, make_row: MakeRow
+) -> None:
+    make_row(recipient="due", status="pending", next_attempt_at=ago(seconds=1))
+    make_row(recipient="later", status="pending", next_attempt_at=from_now(hours=1))
+    make_row(recipient="cancelled", status="cancelled")
     report = Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     assert report.claimed == 1
     assert [s for (s,) in _rows(engine, "SELECT status FROM notifications ORDER BY id")] == [
@@ -115,18 +94,11 @@ def test_only_due_pending_rows_are_claimed(engine: Engine, settings: Settings) -
     ]
 
 
-def test_higher_priority_is_claimed_first(engine: Engine, settings: Settings) -> None:
-    _rows(
-        engine,
-        "INSERT INTO notifications (channel, recipient, priority, next_attempt_at)"
-        " SELECT 'null', 'bulk', 0, now() - interval '1 hour' FROM generate_series(1, 120)"
-        " RETURNING id",
-    )
-    _rows(
-        engine,
-        "INSERT INTO notifications (channel, recipient, priority) VALUES ('null', 'urgent', 10)"
-        " RETURNING id",
-    )
+def test_higher_priority_is_claimed_first(
+    engine: Engine, settings: Settings, make_row: MakeRow, make_rows: MakeRows
+) -> None:
+    make_rows(120, recipient="bulk", priority=0, next_attempt_at=ago(hours=1))
+    make_row(recipient="urgent", priority=10)
     Dispatcher(engine, registry_of([NullProvider(Settings())]), settings).run_once()
     assert _rows(engine, "SELECT status FROM notifications WHERE recipient = 'urgent'") == [
         ("sent",)
@@ -134,12 +106,10 @@ def test_higher_priority_is_claimed_first(engine: Engine, settings: Settings) ->
 
 
 def test_providers_are_called_outside_any_transaction(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, settings: Settings, httpserver: HTTPServer, set_env: SetEnv, make_row: MakeRow
 ) -> None:
     """While the receiver handles the request, the claim is committed and no transaction is open."""
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")  # loopback
-    get_settings.cache_clear()
+    set_env(webhook_allow_http=True, webhook_allowed_networks=LOOPBACK)
     seen: list[tuple[object, ...]] = []
 
     def handler(request: Request) -> Response:
@@ -158,11 +128,7 @@ def test_providers_are_called_outside_any_transaction(
         return Response("ok")
 
     httpserver.expect_request("/hook", method="POST").respond_with_handler(handler)
-    with engine.begin() as conn:
-        conn.execute(
-            text("INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url)"),
-            {"url": httpserver.url_for("/hook")},
-        )
+    make_row(channel="webhook", recipient=httpserver.url_for("/hook"))
     dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     assert dispatcher.run_once().sent == 1
     dispatcher.close()
@@ -170,20 +136,11 @@ def test_providers_are_called_outside_any_transaction(
 
 
 def test_server_errors_back_off_then_dead_with_the_last_error(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, settings: Settings, httpserver: HTTPServer, set_env: SetEnv, make_row: MakeRow
 ) -> None:
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")  # loopback
-    get_settings.cache_clear()
+    set_env(webhook_allow_http=True, webhook_allowed_networks=LOOPBACK)
     httpserver.expect_request("/hook").respond_with_data("overloaded", status=503)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, max_attempts)"
-                " VALUES ('webhook', :url, 3)"
-            ),
-            {"url": httpserver.url_for("/hook")},
-        )
+    make_row(channel="webhook", recipient=httpserver.url_for("/hook"), max_attempts=3)
     dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     waits = []
     for _ in range(3):
@@ -207,18 +164,12 @@ def test_server_errors_back_off_then_dead_with_the_last_error(
 
 
 def test_every_attempt_is_kept_in_the_history(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, settings: Settings, httpserver: HTTPServer, set_env: SetEnv, make_row: MakeRow
 ) -> None:
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
-    get_settings.cache_clear()
+    set_env(webhook_allow_http=True, webhook_allowed_networks=LOOPBACK)
     answers = iter([Response("busy", status=503), Response("ok")])
     httpserver.expect_request("/hook").respond_with_handler(lambda request: next(answers))
-    (row_id,) = _rows(
-        engine,
-        "INSERT INTO notifications (channel, recipient) VALUES ('webhook', :url) RETURNING id",
-        url=httpserver.url_for("/hook"),
-    )[0]
+    row_id = make_row(channel="webhook", recipient=httpserver.url_for("/hook"))
     dispatcher = Dispatcher(engine, load_registry(get_settings()), settings, worker="w-test")
     dispatcher.run_once()
     _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")

@@ -9,7 +9,6 @@ exactly as the producer wrote it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ from notifier.providers.base import InvalidNotification, Sent
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings as NotifierSettings
 from notifier.settings import get_settings
+from tests.factories import MakeRow
 from tests.integration.test_email_provider import note
 from tests.smtp_sink import Received, SmtpSink
 from tests.unit.test_email_message import carryable, values
@@ -85,19 +85,17 @@ def test_an_encoded_word_in_a_payload_header_adds_no_header(
         assert str(header) == expect[0]
 
 
-def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tuple[str, str | None]:
+def send_templated(
+    engine: Engine, settings: NotifierSettings, make_row: MakeRow, name: str
+) -> tuple[str, str | None]:
     """Render ``Welcome, {{ name }}`` into a row's subject and dispatch it; its status, error."""
     with engine.begin() as conn:
         content_db.upsert_template(
             conn, "welcome", "email", "en", ("Welcome, {{ name }}", "Hello", None)
         )
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, payload, template)"
-                " VALUES ('email', 'ann@example.com', CAST(:p AS jsonb), 'welcome')"
-            ),
-            {"p": json.dumps({"name": name})},
-        )
+    make_row(
+        channel="email", recipient="ann@example.com", payload={"name": name}, template="welcome"
+    )
     dispatcher = Dispatcher(engine, registry_of([EmailProvider(get_settings())]), settings)
     try:
         dispatcher.run_once()
@@ -109,9 +107,9 @@ def send_templated(engine: Engine, settings: NotifierSettings, name: str) -> tup
 
 
 def test_an_encoded_word_from_a_template_variable_adds_no_header(
-    engine: Engine, settings: NotifierSettings, smtp_sink: SmtpSink
+    engine: Engine, settings: NotifierSettings, smtp_sink: SmtpSink, make_row: MakeRow
 ) -> None:
-    assert send_templated(engine, settings, ATTACK) == ("sent", None)
+    assert send_templated(engine, settings, make_row, ATTACK) == ("sent", None)
 
     [received] = smtp_sink.messages
     assert header_names(received) == BASE
@@ -124,9 +122,16 @@ def test_an_encoded_word_from_a_template_variable_adds_no_header(
     [("U+2028 LINE SEPARATOR", "\u2028"), ("U+000D CARRIAGE RETURN", "\r")],
 )
 def test_a_template_that_renders_a_separator_into_the_subject_makes_the_row_dead(
-    engine: Engine, settings: NotifierSettings, smtp_sink: SmtpSink, name: str, separator: str
+    engine: Engine,
+    settings: NotifierSettings,
+    smtp_sink: SmtpSink,
+    make_row: MakeRow,
+    name: str,
+    separator: str,
 ) -> None:
-    status, error = send_templated(engine, settings, f"Ann{separator}Bcc: eve@evil.example")
+    status, error = send_templated(
+        engine, settings, make_row, f"Ann{separator}Bcc: eve@evil.example"
+    )
 
     assert status == "dead"
     assert error is not None

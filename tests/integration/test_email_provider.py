@@ -18,6 +18,7 @@ from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
 from notifier.settings import get_settings
+from tests.factories import SetEnv
 from tests.smtp_sink import SmtpSink
 
 ADA = "ada@example.com"
@@ -44,15 +45,9 @@ def note(
     )
 
 
-def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    for name, value in env.items():
-        monkeypatch.setenv(f"NOTIFIER_{name.upper()}", value)
-    get_settings.cache_clear()
-
-
 @pytest.fixture
-def provider(smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmailProvider]:
-    configure(monkeypatch, email_from="Shop <noreply@shop.example>")
+def provider(smtp_sink: SmtpSink, set_env: SetEnv) -> Iterator[EmailProvider]:
+    set_env(email_from="Shop <noreply@shop.example>")
     p = EmailProvider(get_settings())
     yield p
     p.close()
@@ -145,9 +140,9 @@ def test_message_id_is_the_same_on_every_attempt(
 
 
 def test_message_id_domain_falls_back_when_email_from_has_none(
-    smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch
+    smtp_sink: SmtpSink, set_env: SetEnv
 ) -> None:
-    configure(monkeypatch, email_from="notifier")
+    set_env(email_from="notifier")
     provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note(id=3))
@@ -208,9 +203,9 @@ def test_refusal_is_classified_by_reply_code_and_the_connection_is_kept(
 # -- network faults and misconfiguration -----------------------------------------------------------
 
 
-def test_closed_port_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_closed_port_is_retried(set_env: SetEnv) -> None:
     port = closed_port()
-    configure(monkeypatch, smtp_host="127.0.0.1", smtp_port=str(port))
+    set_env(smtp_host="127.0.0.1", smtp_port=port)
     provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note())
@@ -249,10 +244,10 @@ def silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
 
 
 def test_silent_server_times_out_and_is_retried(
-    silent_server: tuple[int, list[socket.socket]], monkeypatch: pytest.MonkeyPatch
+    silent_server: tuple[int, list[socket.socket]], set_env: SetEnv
 ) -> None:
     port, accepted = silent_server
-    configure(monkeypatch, smtp_host="127.0.0.1", smtp_port=str(port), smtp_timeout="1")
+    set_env(smtp_host="127.0.0.1", smtp_port=port, smtp_timeout=1)
     provider = EmailProvider(get_settings())
     started = time.monotonic()
     try:
@@ -274,9 +269,9 @@ def test_silent_server_times_out_and_is_retried(
     ],
 )
 def test_misconfiguration_is_retried_with_the_servers_reason(
-    smtp_sink: SmtpSink, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+    smtp_sink: SmtpSink, set_env: SetEnv, env: dict[str, str], expected: str
 ) -> None:
-    configure(monkeypatch, **env)
+    set_env(**env)
     provider = EmailProvider(get_settings())
     try:
         outcome = provider.send(note())

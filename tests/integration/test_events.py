@@ -40,6 +40,7 @@ from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, MakeRows, SetEnv
 from tests.smtp_sink import SmtpSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,8 @@ POSTMARK_AUTH = "postmark:s3cret"
 TWILIO_TOKEN = "twilio-auth-token-test"
 PUBLIC = "https://events.example.test"
 SECRET = "unsubscribe-secret-test"
+#: A row its provider accepted, on the first attempt: what a delivery event is about.
+SENT = {"subject": "hi", "status": "sent", "attempts": 1}
 
 
 class CertServer(ThreadingHTTPServer):
@@ -175,18 +178,6 @@ def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...
         return [tuple(row) for row in result.all()] if result.returns_rows else []
 
 
-def sent_row(engine: Engine, channel: str, recipient: str, message_id: str | None = None) -> int:
-    [(row_id,)] = sql(
-        engine,
-        "INSERT INTO notifications (channel, recipient, subject, status, sent_at, attempts,"
-        " provider_message_id) VALUES (:c, :r, 'hi', 'sent', now(), 1, :m) RETURNING id",
-        c=channel,
-        r=recipient,
-        m=message_id,
-    )
-    return int(row_id)
-
-
 def delivery(engine: Engine, row_id: int) -> tuple[Any, ...]:
     [row] = sql(
         engine, "SELECT delivery_status, delivery_detail FROM notifications WHERE id = :i", i=row_id
@@ -263,7 +254,7 @@ def ses_bounce(row_id: int, recipient: str, kind: str = "Permanent") -> dict[str
 
 @pytest.mark.parametrize("version", ["1", "2"])
 def test_ses_through_sns_confirms_and_applies_verified_reports(
-    endpoint: Endpoint, engine: Engine, version: str
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow, version: str
 ) -> None:
     confirm = {
         "Type": "SubscriptionConfirmation",
@@ -282,7 +273,7 @@ def test_ses_through_sns_confirms_and_applies_verified_reports(
     )
     assert endpoint.certs.confirmed == ["/confirm?Token=2336412f37"]
 
-    row = sent_row(engine, "email", "Ann@Example.com")
+    row = make_row(**SENT, channel="email", recipient="Ann@Example.com")
     doc = sns_signed(endpoint, ses_bounce(row, "Ann@Example.com"), version)
     assert (
         endpoint.post(
@@ -345,9 +336,9 @@ def sg(row_id: int, event: str, at: int, **more: Any) -> dict[str, Any]:
 
 
 def test_sendgrid_refuses_tampered_stale_and_foreign_signatures(
-    endpoint: Endpoint, engine: Engine, redis_url: str
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow, redis_url: str
 ) -> None:
-    row = sent_row(engine, "email", "placeholder@example.com")
+    row = make_row(**SENT, channel="email", recipient="placeholder@example.com")
     sql(
         engine,
         "UPDATE notifications SET recipient = :r WHERE id = :i",
@@ -374,9 +365,9 @@ def test_sendgrid_refuses_tampered_stale_and_foreign_signatures(
 
 
 def test_late_duplicate_and_out_of_order_reports_end_in_the_right_state(
-    endpoint: Endpoint, engine: Engine
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
 ) -> None:
-    row = sent_row(engine, "email", "placeholder@example.com")
+    row = make_row(**SENT, channel="email", recipient="placeholder@example.com")
     sql(
         engine,
         "UPDATE notifications SET recipient = :r WHERE id = :i",
@@ -398,9 +389,9 @@ def test_late_duplicate_and_out_of_order_reports_end_in_the_right_state(
 
 
 def test_soft_bounces_suppress_only_once_enough_fall_in_the_window(
-    endpoint: Endpoint, engine: Engine
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
 ) -> None:
-    rows = [sent_row(engine, "email", "soft@example.com") for _ in range(3)]
+    rows = [make_row(**SENT, channel="email", recipient="soft@example.com") for _ in range(3)]
     t = int(time.time())
     for n, row in enumerate(rows):
         event = {
@@ -439,9 +430,9 @@ def mailgun_body(
 
 
 def test_mailgun_refuses_wrong_keys_old_timestamps_and_replayed_tokens(
-    endpoint: Endpoint, engine: Engine
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
 ) -> None:
-    row = sent_row(engine, "email", "mg@example.com")
+    row = make_row(**SENT, channel="email", recipient="mg@example.com")
     assert endpoint.post("/mailgun", mailgun_body(row, key="wrong")).status_code == 403
     assert (
         endpoint.post(
@@ -464,8 +455,10 @@ def test_mailgun_refuses_wrong_keys_old_timestamps_and_replayed_tokens(
 # --- Postmark -----------------------------------------------------------------------------------
 
 
-def test_postmark_needs_the_url_credentials(endpoint: Endpoint, engine: Engine) -> None:
-    row = sent_row(engine, "email", "pm@example.com")
+def test_postmark_needs_the_url_credentials(
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
+) -> None:
+    row = make_row(**SENT, channel="email", recipient="pm@example.com")
     body = json.dumps(
         {
             "RecordType": "SpamComplaint",
@@ -505,9 +498,14 @@ def twilio_post(ep: Endpoint, params: dict[str, str], token: str = TWILIO_TOKEN)
 
 
 def test_twilio_callbacks_apply_opt_outs_and_refuse_bad_signatures(
-    endpoint: Endpoint, engine: Engine
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
 ) -> None:
-    row = sent_row(engine, "sms", "+14155550100", "SM0123456789abcdef0123456789abcdef")
+    row = make_row(
+        **SENT,
+        channel="sms",
+        recipient="+14155550100",
+        provider_message_id="SM0123456789abcdef0123456789abcdef",
+    )
     status = {
         "MessageSid": "SM0123456789abcdef0123456789abcdef",
         "MessageStatus": "undelivered",
@@ -539,13 +537,12 @@ def test_twilio_callbacks_apply_opt_outs_and_refuse_bad_signatures(
 def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
     endpoint: Endpoint,
     engine: Engine,
+    make_rows: MakeRows,
     settings: Settings,
     smtp_sink: SmtpSink,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
 ) -> None:
-    monkeypatch.setenv("NOTIFIER_EVENTS_PUBLIC_URL", endpoint.url)
-    monkeypatch.setenv("NOTIFIER_UNSUBSCRIBE_SECRET", SECRET)
-    get_settings.cache_clear()
+    set_env(events_public_url=endpoint.url, unsubscribe_secret=SECRET)
     campaigns = Campaigns(engine)
     campaigns.create("spring", "email", subject="A gift", body="Your code: {code}")
     audience = io.StringIO("email\nAnn@example.com\nbob@example.com\n")
@@ -593,11 +590,12 @@ def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
         ("email", "ann@example.com", "unsubscribed (one-click, spring)")
     ]
 
-    sql(
-        engine,
-        "INSERT INTO notifications (channel, recipient, subject, body)"
-        " VALUES ('email', 'ann@example.com', 'again', 'x'),"
-        " ('email', 'bob@example.com', 'again', 'x')",
+    make_rows(
+        2,
+        channel="email",
+        recipient=lambda i: ["ann@example.com", "bob@example.com"][i - 1],
+        subject="again",
+        body="x",
     )
     dispatch()
     assert sql(

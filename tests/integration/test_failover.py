@@ -13,40 +13,24 @@ from notifier.providers.email import EmailProvider
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
 from notifier.specs import parse_failover
+from tests.factories import MakeRow, MakeSettings, SetEnv
 from tests.smtp_sink import SmtpSink
 
 Relays = tuple[EmailProvider, EmailProvider, SmtpSink, SmtpSink]
 
 
 @pytest.fixture
-def relays(
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[tuple[EmailProvider, EmailProvider, SmtpSink, SmtpSink]]:
+def relays(set_env: SetEnv) -> Iterator[tuple[EmailProvider, EmailProvider, SmtpSink, SmtpSink]]:
     """Two relays, each an EmailProvider pointed at its own SMTP server."""
     first, second = SmtpSink().start(), SmtpSink().start()
     providers = []
     for sink in (first, second):
-        monkeypatch.setenv("NOTIFIER_SMTP_HOST", sink.host)
-        monkeypatch.setenv("NOTIFIER_SMTP_PORT", str(sink.port))
-        get_settings.cache_clear()
+        set_env(smtp_host=sink.host, smtp_port=sink.port)
         providers.append(EmailProvider(get_settings()))
     providers[1].name = "email_backup"  # type: ignore[attr-defined]
     yield providers[0], providers[1], first, second
     first.stop()
     second.stop()
-    get_settings.cache_clear()
-
-
-def _insert(engine: Engine, *recipients: str) -> None:
-    with engine.begin() as conn:
-        for r in recipients:
-            conn.execute(
-                text(
-                    "INSERT INTO notifications (channel, recipient, subject)"
-                    " VALUES ('email', :r, 'hi')"
-                ),
-                {"r": r},
-            )
 
 
 def _rows(engine: Engine, sql: str) -> list[tuple[object, ...]]:
@@ -56,17 +40,19 @@ def _rows(engine: Engine, sql: str) -> list[tuple[object, ...]]:
 
 def test_a_transient_failure_moves_the_row_to_the_next_provider(
     engine: Engine,
-    settings: Settings,
+    make_settings: MakeSettings,
+    make_row: MakeRow,
     relays: Relays,
 ) -> None:
     primary, backup, first, second = relays
     first.rcpt_replies["ann@example.com"] = "451 4.3.0 relay busy"
     first.rcpt_replies["bob@example.com"] = "550 5.1.1 no such user"
-    _insert(engine, "ann@example.com", "bob@example.com", "cy@example.com")
+    for recipient in ("ann@example.com", "bob@example.com", "cy@example.com"):
+        make_row(channel="email", recipient=recipient, subject="hi")
     dispatcher = Dispatcher(
         engine,
         registry_of([primary, backup]),
-        settings.model_copy(update={"failover": "email=email,email_backup"}),
+        make_settings(failover="email=email,email_backup"),
     )
     dispatcher.run_once()
     dispatcher.close()
@@ -90,17 +76,18 @@ def test_a_transient_failure_moves_the_row_to_the_next_provider(
 
 def test_when_every_provider_fails_the_attempt_counts_once_with_each_error(
     engine: Engine,
-    settings: Settings,
+    make_settings: MakeSettings,
+    make_row: MakeRow,
     relays: Relays,
 ) -> None:
     primary, backup, first, second = relays
     first.rcpt_replies["ann@example.com"] = "451 4.3.0 relay busy"
     second.rcpt_replies["ann@example.com"] = "421 4.7.0 try again later"
-    _insert(engine, "ann@example.com")
+    make_row(channel="email", recipient="ann@example.com", subject="hi")
     dispatcher = Dispatcher(
         engine,
         registry_of([primary, backup]),
-        settings.model_copy(update={"failover": "email=email,email_backup"}),
+        make_settings(failover="email=email,email_backup"),
     )
     dispatcher.run_once()
     dispatcher.close()

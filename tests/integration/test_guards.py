@@ -32,10 +32,18 @@ from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, MakeRows, SetEnv, ago, from_now
 
 # Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
 LOOPBACK = "127.0.0.0/8,::1/128"
 KEY = "confirm-reminder:user:42"
+#: The guarded row of the dispatcher tests: a reminder to confirm, unless the user already did.
+CONFIRM = {
+    "channel": "webhook",
+    "subject": "Confirm your email",
+    "payload": {"user": 42},
+    "dedupe_key": KEY,
+}
 
 
 class SilentServer:
@@ -186,19 +194,16 @@ def test_http_guard_sends_only_on_an_explicit_yes(
 
 
 def test_http_guard_that_hangs_is_an_error_after_its_timeout(
-    silent_server: SilentServer, monkeypatch: pytest.MonkeyPatch
+    silent_server: SilentServer, set_env: SetEnv
 ) -> None:
     """Configured from the environment, as a worker is: NOTIFIER_GUARD_HTTP_TIMEOUT=1."""
-    monkeypatch.setenv("NOTIFIER_GUARD_HTTP_URL", silent_server.url)
-    monkeypatch.setenv("NOTIFIER_GUARD_HTTP_TIMEOUT", "1")
-    get_settings.cache_clear()
+    set_env(guard_http_url=silent_server.url, guard_http_timeout=1)
     guard = guards.load_registry(get_settings())["http"]
 
     started = time.monotonic()
     with pytest.raises(GuardError, match=r"no answer within 1\.0s"):
         guard.check(_notification(dedupe_key=None))
     took = time.monotonic() - started
-    get_settings.cache_clear()
 
     assert silent_server.received.is_set()  # the server had the whole request, and kept silent
     request = silent_server.requests[0]
@@ -215,13 +220,9 @@ def test_http_guard_whose_server_is_down_is_an_error() -> None:
         guard.check(_notification())
 
 
-def test_http_guard_without_a_url_says_which_setting_is_missing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("NOTIFIER_GUARD_HTTP_URL", raising=False)
-    get_settings.cache_clear()
+def test_http_guard_without_a_url_says_which_setting_is_missing(set_env: SetEnv) -> None:
+    set_env(guard_http_url=None)
     guard = guards.load_registry(get_settings())["http"]
-    get_settings.cache_clear()
     with pytest.raises(GuardError, match="NOTIFIER_GUARD_HTTP_URL"):
         guard.check(_notification())
 
@@ -230,29 +231,20 @@ def test_http_guard_without_a_url_says_which_setting_is_missing(
 
 
 @pytest.fixture
-def loopback_webhooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def loopback_webhooks(set_env: SetEnv) -> None:
     """Let the webhook provider reach the loopback receiver; settings re-read after the test."""
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", LOOPBACK)
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+    set_env(webhook_allow_http=True, webhook_allowed_networks=LOOPBACK)
 
 
 def _dispatcher(
     engine: Engine,
     settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
     guard_url: str | None,
     **kwargs: Any,
 ) -> Dispatcher:
     """The real dispatcher with every registered provider and guard, as a worker builds it."""
-    if guard_url is None:
-        monkeypatch.delenv("NOTIFIER_GUARD_HTTP_URL", raising=False)
-    else:
-        monkeypatch.setenv("NOTIFIER_GUARD_HTTP_URL", guard_url)
-    monkeypatch.setenv("NOTIFIER_GUARD_HTTP_TIMEOUT", "1")
-    get_settings.cache_clear()
+    set_env(guard_http_url=guard_url, guard_http_timeout=1)
     return Dispatcher(
         engine,
         load_registry(get_settings()),
@@ -260,11 +252,6 @@ def _dispatcher(
         guards=guards.load_registry(get_settings()),
         **kwargs,
     )
-
-
-def _insert(engine: Engine, sql: str, **params: object) -> list[int]:
-    with engine.begin() as conn:
-        return [int(i) for i in conn.execute(text(sql), params).scalars()]
 
 
 def _row(engine: Engine, row_id: int) -> tuple[Any, ...]:
@@ -283,19 +270,6 @@ def _hooks(httpserver: HTTPServer) -> list[Request]:
 
 def _guard_asks(httpserver: HTTPServer) -> list[Any]:
     return [r.get_json() for r, _ in httpserver.log if r.path == "/guard"]
-
-
-def _insert_guarded(engine: Engine, hook: str, guard: str = "http") -> int:
-    (row_id,) = _insert(
-        engine,
-        "INSERT INTO notifications (channel, recipient, subject, payload, dedupe_key, guard)"
-        " VALUES ('webhook', :hook, 'Confirm your email', '{\"user\": 42}', :key, :guard)"
-        " RETURNING id",
-        hook=hook,
-        key=KEY,
-        guard=guard,
-    )
-    return row_id
 
 
 OUTCOMES = [
@@ -320,10 +294,11 @@ OUTCOMES = [
 )
 def test_guard_decides_what_the_dispatcher_does(
     engine: Engine,
+    make_row: MakeRow,
     settings: Settings,
     httpserver: HTTPServer,
     silent_server: SilentServer,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
     answer: str,
     status: str,
     attempts: int,
@@ -341,9 +316,9 @@ def test_guard_decides_what_the_dispatcher_does(
     guard_url = {"hang": silent_server.url, "not set": None}.get(
         answer, httpserver.url_for("/guard")
     )
-    row_id = _insert_guarded(engine, httpserver.url_for("/hook"))
+    row_id = make_row(**CONFIRM, recipient=httpserver.url_for("/hook"), guard="http")
 
-    dispatcher = _dispatcher(engine, settings, monkeypatch, guard_url)
+    dispatcher = _dispatcher(engine, settings, set_env, guard_url)
     started = time.monotonic()
     report = dispatcher.run_once()
     took = time.monotonic() - started
@@ -370,13 +345,13 @@ def test_guard_decides_what_the_dispatcher_does(
 
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_unknown_guard_is_dead_with_a_clear_message(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, make_row: MakeRow, settings: Settings, httpserver: HTTPServer, set_env: SetEnv
 ) -> None:
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     httpserver.expect_request("/guard", method="POST").respond_with_json({"send": True})
-    row_id = _insert_guarded(engine, httpserver.url_for("/hook"), guard="crm")
+    row_id = make_row(**CONFIRM, recipient=httpserver.url_for("/hook"), guard="crm")
 
-    dispatcher = _dispatcher(engine, settings, monkeypatch, httpserver.url_for("/guard"))
+    dispatcher = _dispatcher(engine, settings, set_env, httpserver.url_for("/guard"))
     dispatcher.run_once()
     dispatcher.close()
 
@@ -386,23 +361,19 @@ def test_unknown_guard_is_dead_with_a_clear_message(
 
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_expired_rows_are_cancelled_without_calling_provider_or_guard(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, make_row: MakeRow, settings: Settings, httpserver: HTTPServer, set_env: SetEnv
 ) -> None:
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     httpserver.expect_request("/guard", method="POST").respond_with_json({"send": True})
-    expired, expired_guarded, fresh = _insert(
-        engine,
-        """
-        INSERT INTO notifications (channel, recipient, subject, guard, expires_at) VALUES
-          ('webhook', :hook, 'flash sale, ended', NULL, now() - interval '1 second'),
-          ('webhook', :hook, 'flash sale, ended', 'http', now() - interval '1 second'),
-          ('webhook', :hook, 'flash sale, on', NULL, now() + interval '1 hour')
-        RETURNING id
-        """,
-        hook=httpserver.url_for("/hook"),
+    hook = httpserver.url_for("/hook")
+    ended, on = "flash sale, ended", "flash sale, on"
+    expired = make_row(channel="webhook", recipient=hook, subject=ended, expires_at=ago(seconds=1))
+    expired_guarded = make_row(
+        channel="webhook", recipient=hook, subject=ended, guard="http", expires_at=ago(seconds=1)
     )
+    fresh = make_row(channel="webhook", recipient=hook, subject=on, expires_at=from_now(hours=1))
 
-    dispatcher = _dispatcher(engine, settings, monkeypatch, httpserver.url_for("/guard"))
+    dispatcher = _dispatcher(engine, settings, set_env, httpserver.url_for("/guard"))
     report = dispatcher.run_once()
     dispatcher.close()
 
@@ -416,7 +387,7 @@ def test_expired_rows_are_cancelled_without_calling_provider_or_guard(
 
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_row_cancelled_while_its_guard_is_asked_is_not_sent(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, make_row: MakeRow, settings: Settings, httpserver: HTTPServer, set_env: SetEnv
 ) -> None:
     """The producer cancels while the guard decides, and the guard says yes: no send."""
     seen: list[tuple[str, bool]] = []
@@ -433,9 +404,9 @@ def test_row_cancelled_while_its_guard_is_asked_is_not_sent(
     httpserver.expect_request("/guard", method="POST").respond_with_handler(
         guard_cancels_then_says_yes
     )
-    row_id = _insert_guarded(engine, httpserver.url_for("/hook"))
+    row_id = make_row(**CONFIRM, recipient=httpserver.url_for("/hook"), guard="http")
 
-    dispatcher = _dispatcher(engine, settings, monkeypatch, httpserver.url_for("/guard"))
+    dispatcher = _dispatcher(engine, settings, set_env, httpserver.url_for("/guard"))
     report = dispatcher.run_once()
     dispatcher.close()
 
@@ -465,10 +436,11 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> No
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_rows_cancelled_between_claim_and_send_are_not_sent(
     engine: Engine,
+    make_rows: MakeRows,
     database_url: str,
     settings: Settings,
     httpserver: HTTPServer,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
 ) -> None:
     """Batch-level: the producer's cancel commits right after the claim, before any send.
 
@@ -479,13 +451,10 @@ def test_rows_cancelled_between_claim_and_send_are_not_sent(
     look at the table again.
     """
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
-    ids = _insert(
-        engine,
-        "INSERT INTO notifications (channel, recipient, dedupe_key)"
-        " SELECT 'webhook', :hook, 'k' || i FROM generate_series(1, 5) AS i RETURNING id",
-        hook=httpserver.url_for("/hook"),
+    ids = make_rows(
+        5, channel="webhook", recipient=httpserver.url_for("/hook"), dedupe_key=lambda i: f"k{i}"
     )
-    dispatcher = _dispatcher(engine, settings, monkeypatch, None)
+    dispatcher = _dispatcher(engine, settings, set_env, None)
     dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
     reports: list[BatchReport] = []
     seen: list[tuple[str, bool]] = []
@@ -521,7 +490,7 @@ def test_rows_cancelled_between_claim_and_send_are_not_sent(
 
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_row_cancelled_while_its_batch_is_sending_is_not_sent(
-    engine: Engine, settings: Settings, httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, make_rows: MakeRows, settings: Settings, httpserver: HTTPServer, set_env: SetEnv
 ) -> None:
     """One send at a time: while row 1 is at the receiver, the producer cancels row 2.
 
@@ -538,14 +507,14 @@ def test_row_cancelled_while_its_batch_is_sending_is_not_sent(
         return Response("ok")
 
     httpserver.expect_request("/hook", method="POST").respond_with_handler(slow_first_hook)
-    ids = _insert(
-        engine,
-        "INSERT INTO notifications (channel, recipient, dedupe_key) VALUES"
-        " ('webhook', :hook, 'first'), ('webhook', :hook, 'second') RETURNING id",
-        hook=httpserver.url_for("/hook"),
+    ids = make_rows(
+        2,
+        channel="webhook",
+        recipient=httpserver.url_for("/hook"),
+        dedupe_key=lambda i: ["first", "second"][i - 1],
     )
     one_at_a_time = {"send_concurrency": 1, "async_send_concurrency": 1}
-    dispatcher = _dispatcher(engine, settings.model_copy(update=one_at_a_time), monkeypatch, None)
+    dispatcher = _dispatcher(engine, settings.model_copy(update=one_at_a_time), set_env, None)
     dispatcher.run_once()
     dispatcher.close()
 
@@ -554,19 +523,12 @@ def test_row_cancelled_while_its_batch_is_sending_is_not_sent(
     assert [r.get_json()["id"] for r in _hooks(httpserver)] == [ids[0]]
 
 
-def test_urgent_row_jumps_a_backlog(engine: Engine, settings: Settings) -> None:
+def test_urgent_row_jumps_a_backlog(
+    engine: Engine, settings: Settings, make_row: MakeRow, make_rows: MakeRows
+) -> None:
     """500 rows waiting for an hour, then one with priority 10: it is in the first batch."""
-    _insert(
-        engine,
-        "INSERT INTO notifications (channel, recipient, next_attempt_at)"
-        " SELECT 'null', 'bulk', now() - interval '1 hour' FROM generate_series(1, 500)"
-        " RETURNING id",
-    )
-    (urgent,) = _insert(
-        engine,
-        "INSERT INTO notifications (channel, recipient, priority) VALUES ('null', 'urgent', 10)"
-        " RETURNING id",
-    )
+    make_rows(500, recipient="bulk", next_attempt_at=ago(hours=1))
+    urgent = make_row(recipient="urgent", priority=10)
     dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     report = dispatcher.run_once()
     dispatcher.close()

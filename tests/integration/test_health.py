@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from notifier import health
 from notifier.cli.main import main
-from notifier.settings import Settings, get_settings
+from notifier.settings import Settings
+from tests.factories import MakeRow, MakeSettings, SetEnv, ago
 
 
 @pytest.fixture
@@ -24,15 +25,13 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def quick(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={
-            "dispatch_interval": 1.0,
-            "dispatch_budget_seconds": 1.0,
-            "smtp_timeout": 1.0,
-            "webhook_timeout": 1.0,
-            "heartbeat_file": tmp_path / "heartbeat",
-        }
+def quick(make_settings: MakeSettings, tmp_path: Path) -> Settings:
+    return make_settings(
+        dispatch_interval=1.0,
+        dispatch_budget_seconds=1.0,
+        smtp_timeout=1.0,
+        webhook_timeout=1.0,
+        heartbeat_file=tmp_path / "heartbeat",
     )
 
 
@@ -41,16 +40,10 @@ def _failed(checks: list[health.Check]) -> set[str]:
 
 
 def test_waiting_work_that_nobody_claims_is_unhealthy(
-    engine: Engine, client: redis.Redis, quick: Settings
+    engine: Engine, client: redis.Redis, quick: Settings, make_row: MakeRow
 ) -> None:
     assert _failed(health.check(engine, client, quick, quick.heartbeat_file)) == set()
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, next_attempt_at)"
-                " VALUES ('null', 'x', now() - interval '1 hour')"
-            )
-        )
+    make_row(next_attempt_at=ago(hours=1))
     assert _failed(health.check(engine, client, quick)) == {"claims"}
 
     client.set(health.LAST_CLAIM_KEY, time.time())  # another worker claims
@@ -74,11 +67,10 @@ def test_redis_or_database_down_is_unhealthy(engine: Engine, quick: Settings) ->
 def test_the_command_exits_non_zero_when_unhealthy(
     database_url: str,
     redis_url: str,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["health"]) == 0
-    monkeypatch.setenv("NOTIFIER_REDIS_URL", "redis://127.0.0.1:1/0")
-    get_settings.cache_clear()
+    set_env(redis_url="redis://127.0.0.1:1/0")  # nothing listens there
     assert main(["health"]) == 1
     assert "FAIL  redis" in capsys.readouterr().out

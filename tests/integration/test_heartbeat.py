@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -14,22 +14,28 @@ from notifier import health
 from notifier.db import queue, rescue
 from notifier.settings import Settings
 from notifier.worker.heartbeat import Heartbeat
+from tests.factories import MakeRows
 
 LEASE = 300
 
 
-def _claimed(engine: Engine, worker: str, n: int = 1, **cols: object) -> list[int]:
-    """``n`` rows claimed by ``worker`` with a five-minute lease."""
-    columns = {"channel": "null", "recipient": "x", **cols}
-    names = ", ".join(columns)
-    values = ", ".join(f":{k}" for k in columns)
-    with engine.begin() as conn:
-        for _ in range(n):
-            conn.execute(text(f"INSERT INTO notifications ({names}) VALUES ({values})"), columns)
-        claimed = queue.claim_due(
-            conn, limit=n, lease_seconds=LEASE, token=uuid.uuid4(), worker=worker
-        )
-    return [c.id for c in claimed]
+Claimed = Callable[..., list[int]]
+
+
+@pytest.fixture
+def claimed(engine: Engine, make_rows: MakeRows) -> Claimed:
+    """``claimed(worker, n=1, **columns)``: ``n`` new rows, claimed by ``worker`` with a
+    five-minute lease."""
+
+    def claim(worker: str, n: int = 1, **columns: object) -> list[int]:
+        make_rows(n, **columns)
+        with engine.begin() as conn:
+            rows = queue.claim_due(
+                conn, limit=n, lease_seconds=LEASE, token=uuid.uuid4(), worker=worker
+            )
+        return [row.id for row in rows]
+
+    return claim
 
 
 def _heartbeat(engine: Engine, name: str, silent: float, grace: float = 15) -> None:
@@ -60,11 +66,13 @@ def _rescue(engine: Engine) -> dict[str, int]:
         return rescue.rescue_expired(conn)
 
 
-def test_a_gone_workers_rows_are_rescued_long_before_their_lease(engine: Engine) -> None:
-    gone = _claimed(engine, "host-a:7:aaaaaa", 2)
-    last_try = _claimed(engine, "host-a:7:aaaaaa", 1, max_attempts=1)
-    alive = _claimed(engine, "host-b:7:bbbbbb", 1)
-    older_release = _claimed(engine, "host-c:7", 1)  # never heartbeats: only the lease counts
+def test_a_gone_workers_rows_are_rescued_long_before_their_lease(
+    engine: Engine, claimed: Claimed
+) -> None:
+    gone = claimed("host-a:7:aaaaaa", 2)
+    last_try = claimed("host-a:7:aaaaaa", 1, max_attempts=1)
+    alive = claimed("host-b:7:bbbbbb", 1)
+    older_release = claimed("host-c:7", 1)  # never heartbeats: only the lease counts
     _heartbeat(engine, "host-a:7:aaaaaa", silent=20)
     _heartbeat(engine, "host-b:7:bbbbbb", silent=2)
 
@@ -98,13 +106,13 @@ def test_a_gone_workers_rows_are_rescued_long_before_their_lease(engine: Engine)
 
 
 def test_a_live_worker_busy_in_its_main_thread_keeps_its_rows(
-    engine: Engine, database_url: str
+    engine: Engine, database_url: str, claimed: Claimed
 ) -> None:
     beat = Heartbeat(database_url, "busy:1:cccccc", interval=0.2)
     assert beat.beat()
     beat.start()
     try:
-        rows = _claimed(engine, "busy:1:cccccc", 3)
+        rows = claimed("busy:1:cccccc", 3)
         # Hold the GIL with pure Python for ten times the grace: the heartbeat still beats.
         until = time.monotonic() + 10 * beat.grace
         while time.monotonic() < until:
@@ -134,10 +142,10 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 def test_health_names_the_stopped_worker_holding_rows(
-    engine: Engine, client: redis.Redis, settings: Settings
+    engine: Engine, client: redis.Redis, settings: Settings, claimed: Claimed
 ) -> None:
-    _claimed(engine, "host-a:7:aaaaaa", 2)
-    _claimed(engine, "host-b:7:bbbbbb", 1)
+    claimed("host-a:7:aaaaaa", 2)
+    claimed("host-b:7:bbbbbb", 1)
     _heartbeat(engine, "host-b:7:bbbbbb", silent=1)
     assert [c.name for c in health.check(engine, client, settings) if not c.ok] == []
 

@@ -25,6 +25,7 @@ from notifier.delivery.checks import payload_size
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, SetEnv
 from tests.smtp_sink import SmtpSink
 
 GOOD = 1000
@@ -162,11 +163,10 @@ def test_hostile_rows_die_alone_and_inject_nothing(
     database_url: str,
     smtp_sink: SmtpSink,
     loopback_listener: socket.socket,
-    monkeypatch: pytest.MonkeyPatch,
+    set_env: SetEnv,
+    raw_row: MakeRow,
 ) -> None:
-    for name in ("WEBHOOK_ALLOWED_NETWORKS", "WEBHOOK_ALLOW_HTTP", "MAX_PAYLOAD_BYTES"):
-        monkeypatch.delenv(f"NOTIFIER_{name}", raising=False)
-    get_settings.cache_clear()
+    set_env(webhook_allowed_networks=None, webhook_allow_http=None, max_payload_bytes=None)
     hostile = hostile_rows(loopback_listener.getsockname()[1])
     good = [f"user{i}@example.com" for i in range(GOOD)]
 
@@ -176,21 +176,10 @@ def test_hostile_rows_die_alone_and_inject_nothing(
     ]
     for position, (name, columns, _) in enumerate(hostile):  # spread across the batches
         rows.insert(position * (GOOD // len(hostile)), {**columns, "key": name})
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, subject, payload, dedupe_key)"
-                " VALUES (:channel, :recipient, :subject, CAST(:payload AS jsonb), :key)"
-            ),
-            [
-                {
-                    "subject": "Hello",
-                    **row,
-                    "payload": json.dumps(row.get("payload", {})),
-                }
-                for row in rows
-            ],
-        )
+    for row in rows:
+        key = row.pop("key")
+        payload = json.dumps(row.get("payload", {}))
+        raw_row(**{"subject": "Hello", **row, "dedupe_key": key, "payload": payload})
 
     dispatcher = Dispatcher(
         engine, load_registry(get_settings()), Settings(database_url=database_url, batch_size=100)

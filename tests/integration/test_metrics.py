@@ -16,7 +16,8 @@ from notifier import metrics
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.models import Attempt
 from notifier.providers import load_registry
-from notifier.settings import Settings, get_settings
+from notifier.settings import get_settings
+from tests.factories import MakeRow, MakeSettings, ago, from_now
 
 
 def _free_port() -> int:
@@ -49,24 +50,23 @@ def _scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
 
 @pytest.mark.timeout(60)
 def test_counts_gauges_and_latency_after_known_outcomes(
-    engine: Engine, settings: Settings, redis_url: str
+    engine: Engine, make_settings: MakeSettings, make_row: MakeRow, redis_url: str
 ) -> None:
     client = redis.Redis.from_url(redis_url)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient, next_attempt_at) VALUES"
-                " ('null', 'a', now()), ('null', 'b', now()), ('pigeon', 'c', now()),"
-                " ('null', 'later', now() + interval '1 hour'),"
-                " ('null', 'waiting', now() - interval '90 seconds')"
-            )
-        )
+    for recipient, channel, due in [
+        ("a", "null", ago()),
+        ("b", "null", ago()),
+        ("c", "pigeon", ago()),
+        ("later", "null", from_now(hours=1)),
+        ("waiting", "null", ago(seconds=90)),
+    ]:
+        make_row(channel=channel, recipient=recipient, next_attempt_at=due)
     registry = load_registry(get_settings())
     labels = metrics.Labels.of(registry)
     dispatcher = Dispatcher(
         engine,
         registry,
-        settings.model_copy(update={"batch_size": 4}),
+        make_settings(batch_size=4),
         observe=lambda attempts: metrics.record(client, attempts, labels),
     )
     assert dispatcher.run_once().claimed == 4  # every due row: three sent, the pigeon dead

@@ -20,54 +20,11 @@ from notifier import ops
 from notifier.campaigns import Campaigns
 from notifier.cli.main import main
 from notifier.settings import Settings
+from tests.factories import MakeRow, ago
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _row(
-    engine: Engine,
-    status: str = "pending",
-    *,
-    channel: str = "email",
-    recipient: str = "ann@example.com",
-    age: timedelta = timedelta(0),
-    finished: timedelta = timedelta(0),
-    error: str | None = None,
-    key: str | None = None,
-    campaign: int | None = None,
-) -> int:
-    """One row in ``status``, created ``age`` ago, last changed ``finished`` ago."""
-    with engine.begin() as conn:
-        return int(
-            conn.execute(
-                text(
-                    """
-                    INSERT INTO notifications
-                           (channel, recipient, status, attempts, dedupe_key, campaign_id,
-                            created_at, updated_at, sent_at, last_error, claim_token,
-                            locked_until)
-                    VALUES (:channel, :recipient, :status,
-                            CASE WHEN :status = 'dead' THEN 5 ELSE 0 END, :key, :campaign,
-                            now() - :age, now() - :finished,
-                            CASE WHEN :status = 'sent' THEN now() - :finished END,
-                            coalesce(:error, CASE WHEN :status = 'dead' THEN 'boom' END),
-                            CASE WHEN :status = 'processing' THEN gen_random_uuid() END,
-                            CASE WHEN :status = 'processing' THEN now() + interval '5 min' END)
-                    RETURNING id
-                    """
-                ),
-                {
-                    "channel": channel,
-                    "recipient": recipient,
-                    "status": status,
-                    "key": key,
-                    "campaign": campaign,
-                    "age": age,
-                    "finished": finished,
-                    "error": error,
-                },
-            ).scalar_one()
-        )
+#: Whose rows these tests hold, unless a test says otherwise.
+ANN = {"channel": "email", "recipient": "ann@example.com"}
 
 
 def _attempt(
@@ -128,9 +85,9 @@ def db(engine: Engine, database_url: str) -> Engine:
 
 
 def test_stats_json_has_counts_lag_and_sent_per_minute(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    due = _row(db, age=timedelta(minutes=3))
+    due = make_row(**ANN, created_at=ago(minutes=3))
     with db.begin() as conn:  # the oldest due row has waited three minutes
         conn.execute(
             text(
@@ -138,8 +95,8 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
             ),
             {"id": due},
         )
-    sent = _row(db, "sent")
-    dead = _row(db, "dead", channel="webhook", recipient="https://hooks.example.com/x")
+    sent = make_row(**ANN, status="sent")
+    dead = make_row(channel="webhook", recipient="https://hooks.example.com/x", status="dead")
     with db.connect() as conn:
         two_ago = conn.execute(
             text("SELECT date_trunc('minute', now()) - interval '2 min'")
@@ -189,9 +146,11 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
 
 
 def test_show_prints_the_row_and_its_whole_history_in_order(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    row = _row(db, "dead", error="gave up after 3 attempts; last error: 550 no such user")
+    row = make_row(
+        **ANN, status="dead", last_error="gave up after 3 attempts; last error: 550 no such user"
+    )
     _attempt(db, row, 1, "retry", error="421 try later", duration_ms=120, worker="host-a:1")
     _attempt(db, row, 2, "rescued", error="lease expired: worker host-b:2", duration_ms=None)
     _attempt(db, row, 3, "dead", error="550 no such user", duration_ms=80, worker="host-c:3")
@@ -254,17 +213,31 @@ def _assert_requeued(db: Engine, requeued: set[int], untouched: dict[int, Any]) 
     ],
 )
 def test_requeue_filters(
-    db: Engine, capsys: pytest.CaptureFixture[str], args: list[str], expected: set[str]
+    db: Engine,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    expected: set[str],
+    make_row: MakeRow,
 ) -> None:
     rows = {
-        "hook_old": _row(db, "dead", channel="webhook", finished=timedelta(days=3)),
-        "hook_new": _row(db, "dead", channel="webhook", finished=timedelta(minutes=5)),
-        "sms": _row(db, "dead", channel="sms", finished=timedelta(minutes=100)),
-        "timeout": _row(db, "dead", error="SMTP: timed out", finished=timedelta(minutes=1)),
-        "percent": _row(db, "dead", error="quota 100% used", finished=timedelta(days=2)),
-        "sent": _row(db, "sent"),
-        "pending": _row(db),
-        "cancelled": _row(db, "cancelled", error="user confirmed"),
+        "hook_old": make_row(
+            channel="webhook", recipient="ann@example.com", status="dead", updated_at=ago(days=3)
+        ),
+        "hook_new": make_row(
+            channel="webhook", recipient="ann@example.com", status="dead", updated_at=ago(minutes=5)
+        ),
+        "sms": make_row(
+            channel="sms", recipient="ann@example.com", status="dead", updated_at=ago(minutes=100)
+        ),
+        "timeout": make_row(
+            **ANN, status="dead", updated_at=ago(minutes=1), last_error="SMTP: timed out"
+        ),
+        "percent": make_row(
+            **ANN, status="dead", updated_at=ago(days=2), last_error="quota 100% used"
+        ),
+        "sent": make_row(**ANN, status="sent"),
+        "pending": make_row(**ANN),
+        "cancelled": make_row(**ANN, status="cancelled", last_error="user confirmed"),
     }
     now = datetime.now(UTC)
     names = {
@@ -288,9 +261,9 @@ def test_requeue_filters(
 
 
 def test_requeue_asks_above_the_threshold_and_a_no_changes_nothing(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    dead = {_row(db, "dead") for _ in range(4)}
+    dead = {make_row(**ANN, status="dead") for _ in range(4)}
     before = _statuses(db)
 
     code, out, err = _run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="n\n")
@@ -312,10 +285,15 @@ def test_requeue_asks_above_the_threshold_and_a_no_changes_nothing(
 
 
 def test_requeue_with_yes_does_not_ask_and_below_the_threshold_nobody_is_asked(
-    db: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    db: Engine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    make_row: MakeRow,
 ) -> None:
-    many = {_row(db, "dead", channel="webhook") for _ in range(3)}
-    few = {_row(db, "dead", channel="sms") for _ in range(2)}
+    many = {
+        make_row(channel="webhook", recipient="ann@example.com", status="dead") for _ in range(3)
+    }
+    few = {make_row(channel="sms", recipient="ann@example.com", status="dead") for _ in range(2)}
     closed = io.StringIO("")
     closed.close()
     monkeypatch.setattr(sys, "stdin", closed)  # reading it would fail: exit status 2
@@ -330,9 +308,9 @@ def test_requeue_with_yes_does_not_ask_and_below_the_threshold_nobody_is_asked(
 
 
 def test_requeue_refuses_without_a_filter_and_says_when_nothing_matches(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    _row(db, "dead")
+    make_row(**ANN, status="dead")
     code, _, err = _run(capsys, "requeue")
     assert code == 2
     assert "no filter given" in err
@@ -363,9 +341,9 @@ def test_requeue_walks_a_large_set_in_batches(
 
 
 def test_a_row_locked_throughout_is_left_and_reported(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    locked, free = _row(db, "dead"), _row(db, "dead")
+    locked, free = make_row(**ANN, status="dead"), make_row(**ANN, status="dead")
     with db.connect() as holder:
         holder.execute(
             text("SELECT 1 FROM notifications WHERE id = :id FOR UPDATE"), {"id": locked}
@@ -380,8 +358,8 @@ def test_a_row_locked_throughout_is_left_and_reported(
     assert _statuses(db)[locked][0] == "dead"
 
 
-def test_a_row_locked_for_a_moment_is_found_by_the_next_walk(db: Engine) -> None:
-    locked, free = _row(db, "dead"), _row(db, "dead")
+def test_a_row_locked_for_a_moment_is_found_by_the_next_walk(db: Engine, make_row: MakeRow) -> None:
+    locked, free = make_row(**ANN, status="dead"), make_row(**ANN, status="dead")
     holder = db.connect()
     holder.execute(text("SELECT 1 FROM notifications WHERE id = :id FOR UPDATE"), {"id": locked})
     release = threading.Timer(0.1, holder.rollback)
@@ -399,8 +377,10 @@ def test_a_row_locked_for_a_moment_is_found_by_the_next_walk(db: Engine) -> None
 # --- cancel ---------------------------------------------------------------------------------------
 
 
-def test_cancel_takes_every_id_it_is_given(db: Engine, capsys: pytest.CaptureFixture[str]) -> None:
-    first, second, sent = _row(db), _row(db), _row(db, "sent")
+def test_cancel_takes_every_id_it_is_given(
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
+) -> None:
+    first, second, sent = make_row(**ANN), make_row(**ANN), make_row(**ANN, status="sent")
 
     code, out, _ = _run(capsys, "cancel", "--id", str(first), "--id", str(second))
     assert (code, out) == (0, f"cancelled notification {first}\ncancelled notification {second}\n")
@@ -448,9 +428,13 @@ def test_send_refuses_a_row_that_would_expire_before_it_is_due(
 
 
 def test_cancel_by_key_or_id_keeps_its_messages(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    keyed, by_id, sent = _row(db, key="reminder:42"), _row(db), _row(db, "sent")
+    keyed, by_id, sent = (
+        make_row(**ANN, dedupe_key="reminder:42"),
+        make_row(**ANN),
+        make_row(**ANN, status="sent"),
+    )
 
     assert _run(capsys, "cancel", "reminder:42", "--reason", "user confirmed")[:2] == (
         0,
@@ -487,7 +471,11 @@ def test_cancel_by_key_or_id_keeps_its_messages(
     ],
 )
 def test_cancel_filters(
-    db: Engine, capsys: pytest.CaptureFixture[str], args: list[str], expected: set[str]
+    db: Engine,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    expected: set[str],
+    make_row: MakeRow,
 ) -> None:
     with db.begin() as conn:
         spring = conn.execute(
@@ -497,12 +485,14 @@ def test_cancel_filters(
             )
         ).scalar_one()
     rows = {
-        "sms_old": _row(db, channel="sms", age=timedelta(days=2)),
-        "sms_processing": _row(db, "processing", channel="sms"),
-        "campaign": _row(db, campaign=spring),
-        "email": _row(db),
-        "sent": _row(db, "sent", channel="sms", age=timedelta(days=2)),
-        "dead": _row(db, "dead", channel="sms"),
+        "sms_old": make_row(channel="sms", recipient="ann@example.com", created_at=ago(days=2)),
+        "sms_processing": make_row(channel="sms", recipient="ann@example.com", status="processing"),
+        "campaign": make_row(**ANN, campaign_id=spring),
+        "email": make_row(**ANN),
+        "sent": make_row(
+            channel="sms", recipient="ann@example.com", status="sent", created_at=ago(days=2)
+        ),
+        "dead": make_row(channel="sms", recipient="ann@example.com", status="dead"),
     }
     now = datetime.now(UTC)
     names = {
@@ -526,9 +516,9 @@ def test_cancel_filters(
 
 
 def test_bulk_cancel_confirmation_dry_run_and_unknown_campaign(
-    db: Engine, capsys: pytest.CaptureFixture[str]
+    db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
-    waiting = {_row(db, channel="webhook") for _ in range(3)}
+    waiting = {make_row(channel="webhook", recipient="ann@example.com") for _ in range(3)}
     before = _statuses(db)
 
     code, out, err = _run(
@@ -555,8 +545,10 @@ def test_bulk_cancel_confirmation_dry_run_and_unknown_campaign(
     assert {_statuses(db)[r][0] for r in waiting} == {"cancelled"}
 
 
-def test_the_real_command_reads_no_from_its_stdin(db: Engine, database_url: str) -> None:
-    dead = [_row(db, "dead") for _ in range(2)]
+def test_the_real_command_reads_no_from_its_stdin(
+    db: Engine, database_url: str, make_row: MakeRow
+) -> None:
+    dead = [make_row(**ANN, status="dead") for _ in range(2)]
     command = subprocess.run(
         [sys.executable, "-m", "notifier.cli", "requeue", "--all", "--confirm-above", "1"],
         cwd=REPO,
@@ -576,18 +568,24 @@ def test_the_real_command_reads_no_from_its_stdin(db: Engine, database_url: str)
 
 
 @pytest.fixture
-def aged(db: Engine) -> Iterator[dict[str, int]]:
+def aged(db: Engine, make_row: MakeRow) -> Iterator[dict[str, int]]:
     """Rows of every status on both sides of their retention (30 / 365 / 30 days)."""
     old, young = timedelta(days=400), timedelta(days=10)
     rows = {
-        "sent_old": _row(db, "sent", age=old, finished=timedelta(days=31)),
-        "sent_young": _row(db, "sent", age=old, finished=young),
-        "dead_old": _row(db, "dead", age=old, finished=timedelta(days=366)),
-        "dead_young": _row(db, "dead", age=old, finished=timedelta(days=200)),
-        "cancelled_old": _row(db, "cancelled", age=old, finished=timedelta(days=45)),
-        "cancelled_young": _row(db, "cancelled", age=old, finished=young),
-        "pending_old": _row(db, age=old, finished=old),
-        "processing_old": _row(db, "processing", age=old, finished=old),
+        "sent_old": make_row(**ANN, status="sent", created_at=ago(old), updated_at=ago(days=31)),
+        "sent_young": make_row(**ANN, status="sent", created_at=ago(old), updated_at=ago(young)),
+        "dead_old": make_row(**ANN, status="dead", created_at=ago(old), updated_at=ago(days=366)),
+        "dead_young": make_row(**ANN, status="dead", created_at=ago(old), updated_at=ago(days=200)),
+        "cancelled_old": make_row(
+            **ANN, status="cancelled", created_at=ago(old), updated_at=ago(days=45)
+        ),
+        "cancelled_young": make_row(
+            **ANN, status="cancelled", created_at=ago(old), updated_at=ago(young)
+        ),
+        "pending_old": make_row(**ANN, created_at=ago(old), updated_at=ago(old)),
+        "processing_old": make_row(
+            **ANN, status="processing", created_at=ago(old), updated_at=ago(old)
+        ),
     }
     for name, row in rows.items():
         _attempt(db, row, 1, "retry")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import pytest
@@ -22,33 +23,8 @@ from notifier.models import Notification
 from notifier.providers import Outcome, Provider, Sent, load_registry, registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, MakeRows, SetEnv
 from tests.receiver import Receiver
-
-INSERT = text(
-    "INSERT INTO notifications (channel, recipient, subject, body, payload, dedupe_key, guard,"
-    " expires_at, created_at, max_attempts, deferrals)"
-    " VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :key, :guard,"
-    " CAST(:expires_at AS timestamptz), coalesce(CAST(:created_at AS timestamptz), now()),"
-    " :max_attempts, :deferrals)"
-)
-
-
-def insert(engine: Engine, rows: list[dict[str, Any]]) -> None:
-    defaults = {
-        "channel": "null",
-        "recipient": "someone",
-        "subject": None,
-        "body": None,
-        "payload": "{}",
-        "key": None,
-        "guard": None,
-        "expires_at": None,
-        "created_at": None,
-        "max_attempts": 5,
-        "deferrals": 0,
-    }
-    with engine.begin() as conn:
-        conn.execute(INSERT, [{**defaults, **row} for row in rows])
 
 
 def outcomes(engine: Engine) -> dict[str, tuple[str, int, str | None]]:
@@ -83,15 +59,12 @@ def nested(depth: int) -> str:
 
 
 @pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+def receiver(set_env: SetEnv) -> Iterator[Receiver]:
     """A webhook receiver on loopback, which the providers are allowed to call."""
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", "true")
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8")
-    get_settings.cache_clear()
+    set_env(webhook_allow_http=True, webhook_allowed_networks="127.0.0.0/8")
     r = Receiver().start()
     yield r
     r.stop()
-    get_settings.cache_clear()
 
 
 def webhook_settings(database_url: str, **overrides: Any) -> Settings:
@@ -104,7 +77,9 @@ def webhook_settings(database_url: str, **overrides: Any) -> Settings:
     )
 
 
-def test_rows_the_claim_cannot_decode_die_alone(engine: Engine, database_url: str) -> None:
+def test_rows_the_claim_cannot_decode_die_alone(
+    engine: Engine, database_url: str, make_rows: MakeRows, raw_row: MakeRow
+) -> None:
     """Infinite timestamps, JSON too deep for Python, bodies and payloads over the limits:
     each used to fail the claim itself (every worker stopped on the same row) or the batch."""
     huge = json.dumps({"blob": secrets.token_hex(1_000_000)})  # incompressible, ~2 MB stored
@@ -156,8 +131,9 @@ def test_rows_the_claim_cannot_decode_die_alone(engine: Engine, database_url: st
             ("dead", 1, "*invalid notification: "),
         ),
     }
-    insert(engine, [{"recipient": f"good-{i}"} for i in range(40)])
-    insert(engine, [{**columns, "key": name} for name, (columns, _) in poison.items()])
+    make_rows(40, recipient=lambda i: f"good-{i - 1}")
+    for name, (columns, _) in poison.items():
+        raw_row(**columns, dedupe_key=name)
 
     dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
@@ -178,13 +154,13 @@ def test_rows_the_claim_cannot_decode_die_alone(engine: Engine, database_url: st
 
 
 def test_a_receiver_answering_nul_and_escapes_cannot_make_good_rows_resend(
-    engine: Engine, database_url: str, receiver: Receiver
+    engine: Engine, database_url: str, receiver: Receiver, make_row: MakeRow, make_rows: MakeRows
 ) -> None:
     """A NUL in an error text once made the batch's outcome write fail, and every row of the
     batch already sent went out again after each lease."""
     receiver.answers["/nul"] = (500, {}, b"broken\x00\x01\x1b[2J\xff body")
-    insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/ok"}] * 10)
-    insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/nul", "key": "nul"}])
+    make_rows(10, channel="webhook", recipient=f"{receiver.base()}/ok")
+    make_row(channel="webhook", recipient=f"{receiver.base()}/nul", dedupe_key="nul")
 
     dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
@@ -202,7 +178,7 @@ def test_a_receiver_answering_nul_and_escapes_cannot_make_good_rows_resend(
 
 
 def test_an_outcome_the_database_refuses_is_recorded_alone(
-    engine: Engine, database_url: str, receiver: Receiver
+    engine: Engine, database_url: str, receiver: Receiver, make_row: MakeRow, make_rows: MakeRows
 ) -> None:
     """A write refused for its data (here by a CHECK the test adds) is split down to the row
     that causes it: the sent rows beside it are recorded as sent, and that row plainly."""
@@ -214,8 +190,8 @@ def test_an_outcome_the_database_refuses_is_recorded_alone(
             )
         )
     receiver.answers["/poison"] = (503, {}, b"poison")
-    insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/ok"}] * 12)
-    insert(engine, [{"channel": "webhook", "recipient": f"{receiver.base()}/poison", "key": "p"}])
+    make_rows(12, channel="webhook", recipient=f"{receiver.base()}/ok")
+    make_row(channel="webhook", recipient=f"{receiver.base()}/poison", dedupe_key="p")
 
     dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
@@ -234,7 +210,7 @@ def test_an_outcome_the_database_refuses_is_recorded_alone(
 
 
 def test_a_receivers_429_holds_back_that_receiver_alone(
-    engine: Engine, database_url: str, receiver: Receiver, redis_url: str
+    engine: Engine, database_url: str, receiver: Receiver, redis_url: str, make_rows: MakeRows
 ) -> None:
     """A 429 once held back every webhook; now only the receiver (host and port) that sent it."""
     other = Receiver().start()
@@ -245,9 +221,8 @@ def test_a_receivers_429_holds_back_that_receiver_alone(
         settings = webhook_settings(database_url, rate_limits="")
 
         def run(prefix: str) -> None:
-            keys = [f"{prefix}{i}" for i in range(3)]
-            insert(engine, [{"channel": "webhook", "recipient": busy, "key": k} for k in keys])
-            insert(engine, [{"channel": "webhook", "recipient": ok}] * 5)
+            make_rows(3, channel="webhook", recipient=busy, dedupe_key=lambda i: f"{prefix}{i - 1}")
+            make_rows(5, channel="webhook", recipient=ok)
             dispatcher = Dispatcher(
                 engine, load_registry(get_settings()), settings, limiter=limiter
             )
@@ -276,30 +251,18 @@ def test_a_receivers_429_holds_back_that_receiver_alone(
 
 
 def test_deferrals_end_past_their_limit_or_the_rows_expiry(
-    engine: Engine, database_url: str, receiver: Receiver
+    engine: Engine, database_url: str, receiver: Receiver, make_row: MakeRow
 ) -> None:
     receiver.answers["/busy"] = (429, {"Retry-After": "60"}, b"")
     busy = f"{receiver.base()}/busy"
-    insert(
-        engine,
-        [
-            {"channel": "webhook", "recipient": busy, "key": "worn out", "deferrals": 20},
-            {"channel": "webhook", "recipient": busy, "key": "still patient", "deferrals": 19},
-            {
-                "channel": "webhook",
-                "recipient": busy,
-                "key": "expiring",
-                "expires_at": "2999-01-01",
-            },
-        ],
+    make_row(channel="webhook", recipient=busy, dedupe_key="worn out", deferrals=20)
+    make_row(channel="webhook", recipient=busy, dedupe_key="still patient", deferrals=19)
+    make_row(
+        channel="webhook",
+        recipient=busy,
+        dedupe_key="expiring",
+        expires_at=datetime.now(UTC) + timedelta(seconds=30),
     )
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE notifications SET expires_at = now() + interval '30 seconds'"
-                " WHERE dedupe_key = 'expiring'"
-            )
-        )
 
     dispatcher = Dispatcher(engine, load_registry(get_settings()), webhook_settings(database_url))
     try:
@@ -341,10 +304,10 @@ class Brittle(Provider):
 
 
 def test_a_provider_that_raises_ends_that_row_not_the_batch(
-    engine: Engine, database_url: str
+    engine: Engine, database_url: str, make_row: MakeRow, make_rows: MakeRows
 ) -> None:
-    insert(engine, [{"recipient": f"good-{i}"} for i in range(9)])
-    insert(engine, [{"recipient": "boom", "key": "boom"}])
+    make_rows(9, recipient=lambda i: f"good-{i - 1}")
+    make_row(recipient="boom", dedupe_key="boom")
     settings = Settings(database_url=database_url, batch_size=20)
     dispatcher = Dispatcher(engine, registry_of([Brittle(Settings())]), settings)
     try:

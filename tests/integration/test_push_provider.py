@@ -30,6 +30,7 @@ from notifier.providers import load_registry
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.push import PushProvider
 from notifier.settings import get_settings
+from tests.factories import SetEnv
 from tests.raw_server import Behaviour, RawServer, silence
 
 DEVICE = "fGx3:APA91bH-" + "x" * 140  # the shape of a real registration token
@@ -138,31 +139,25 @@ def key_file(tmp_path: Path, private_key: rsa.RSAPrivateKey) -> Callable[..., Pa
 
 
 @pytest.fixture
-def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
+def make_provider(set_env: SetEnv) -> Iterator[MakeProvider]:
     """Builds providers from the environment, the way the registry does; shuts them down after."""
     made: list[PushProvider] = []
 
     def make(
         key: Path | None, api_base: str, timeout: float = 5, project: str | None = None
     ) -> PushProvider:
-        for name, value in [
-            ("NOTIFIER_FCM_CREDENTIALS_FILE", key),
-            ("NOTIFIER_FCM_API_BASE", api_base),
-            ("NOTIFIER_FCM_PROJECT_ID", project),
-            ("NOTIFIER_PUSH_TIMEOUT", timeout),
-        ]:
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, str(value))
-        get_settings.cache_clear()
+        set_env(
+            fcm_credentials_file=key,
+            fcm_api_base=api_base,
+            fcm_project_id=project,
+            push_timeout=timeout,
+        )
         made.append(PushProvider(get_settings()))
         return made[-1]
 
     yield make
     for provider in made:
         provider.shutdown()
-    get_settings.cache_clear()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from notifier.delivery.ratelimit import RateLimiter
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
 from notifier.specs import parse_limits
+from tests.factories import MakeRows, MakeSettings
 
 
 def _take_for(url: str, spec: str, seconds: float, ready: Any, go: Any, results: Any) -> None:
@@ -81,26 +82,15 @@ def test_unlimited_providers_need_no_redis() -> None:
         nowhere.close()
 
 
-def _insert(engine: Engine, n: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient)"
-                " SELECT 'null', 'x' || i FROM generate_series(1, :n) AS i"
-            ),
-            {"n": n},
-        )
-
-
 def test_the_dispatcher_sends_at_the_limit(
-    engine: Engine, settings: Settings, redis_url: str
+    engine: Engine, make_settings: MakeSettings, make_rows: MakeRows, redis_url: str
 ) -> None:
-    _insert(engine, 600)
+    make_rows(600, recipient=lambda i: f"x{i}")
     limiter = RateLimiter(redis.Redis.from_url(redis_url), parse_limits("null=200/s"))
     dispatcher = Dispatcher(
         engine,
         load_registry(get_settings()),
-        settings.model_copy(update={"batch_size": 600}),
+        make_settings(batch_size=600),
         limiter=limiter,
     )
     started = time.monotonic()
@@ -112,14 +102,14 @@ def test_the_dispatcher_sends_at_the_limit(
 
 
 def test_rows_the_limit_does_not_grant_in_time_wait_without_using_an_attempt(
-    engine: Engine, settings: Settings, redis_url: str
+    engine: Engine, make_settings: MakeSettings, make_rows: MakeRows, redis_url: str
 ) -> None:
-    _insert(engine, 100)
+    make_rows(100, recipient=lambda i: f"x{i}")
     limiter = RateLimiter(redis.Redis.from_url(redis_url), parse_limits("null=10/s"))
     dispatcher = Dispatcher(
         engine,
         load_registry(get_settings()),
-        settings.model_copy(update={"batch_size": 100}),
+        make_settings(batch_size=100),
         limiter=limiter,
     )
     report = dispatcher.run_once(deadline=time.monotonic() + 1.0)
@@ -134,9 +124,9 @@ def test_rows_the_limit_does_not_grant_in_time_wait_without_using_an_attempt(
 
 
 def test_without_redis_nothing_is_sent_and_nothing_is_lost(
-    engine: Engine, settings: Settings
+    engine: Engine, settings: Settings, make_rows: MakeRows
 ) -> None:
-    _insert(engine, 20)
+    make_rows(20, recipient=lambda i: f"x{i}")
     nowhere = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
     with pytest.raises(redis.ConnectionError):
         nowhere.ping()  # the fault is real: nothing listens there

@@ -25,7 +25,8 @@ from notifier.db.migrate import alembic_dir
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.null import NullProvider
-from notifier.settings import Settings, get_settings
+from notifier.settings import Settings
+from tests.factories import SetEnv
 
 GROUPS = ("notifier_producer", "notifier_worker", "notifier_operator", "notifier_audience")
 REFUSED = "grant notifier_audience SELECT on the tables your audience query reads"
@@ -250,16 +251,12 @@ def test_nothing_an_audience_query_does_outlives_it(engine: Engine) -> None:
     assert held == 0
 
 
-def test_an_audience_query_that_runs_too_long_is_stopped(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NOTIFIER_AUDIENCE_QUERY_TIMEOUT", "0.2")
-    get_settings.cache_clear()
+def test_an_audience_query_that_runs_too_long_is_stopped(engine: Engine, set_env: SetEnv) -> None:
+    set_env(audience_query_timeout=0.2)
     campaigns = Campaigns(engine)
     campaigns.create("c", "null", body="hi")
     with pytest.raises(ValueError, match=r"ran longer than 0.2s and was stopped"):
         campaigns.audience_from_query("c", "SELECT 'a' AS recipient FROM pg_sleep(5)")
-    get_settings.cache_clear()
 
 
 def test_the_downgrade_revokes_the_grants_and_keeps_the_roles(engine: Engine) -> None:

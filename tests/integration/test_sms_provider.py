@@ -25,6 +25,7 @@ from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.sms import SmsProvider
 from notifier.settings import get_settings
+from tests.factories import SetEnv
 from tests.raw_server import Behaviour, RawServer, garbage, silence
 
 SID = "AC" + "0123456789abcdef" * 2
@@ -55,7 +56,7 @@ def notification(
 
 
 @pytest.fixture
-def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
+def make_provider(set_env: SetEnv) -> Iterator[MakeProvider]:
     """Builds providers from the environment, as the registry does; shuts them down after.
 
     Every ``NOTIFIER_TWILIO_*`` value is set unless given as ``None``, which unsets it.
@@ -64,26 +65,19 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
 
     def make(base: str, *, timeout: float = 5, **overrides: str | None) -> SmsProvider:
         values: dict[str, str | None] = {
-            "ACCOUNT_SID": SID,
-            "AUTH_TOKEN": TOKEN,
-            "FROM": SENDER,
-            "API_BASE": base,
+            "account_sid": SID,
+            "auth_token": TOKEN,
+            "from": SENDER,
+            "api_base": base,
         }
-        values.update({key.upper(): value for key, value in overrides.items()})
-        for key, value in values.items():
-            if value is None:
-                monkeypatch.delenv(f"NOTIFIER_TWILIO_{key}", raising=False)
-            else:
-                monkeypatch.setenv(f"NOTIFIER_TWILIO_{key}", value)
-        monkeypatch.setenv("NOTIFIER_SMS_TIMEOUT", str(timeout))
-        get_settings.cache_clear()
+        values.update({key.lower(): value for key, value in overrides.items()})
+        set_env(**{f"twilio_{key}": value for key, value in values.items()}, sms_timeout=timeout)
         made.append(SmsProvider(get_settings()))
         return made[-1]
 
     yield make
     for provider in made:
         provider.shutdown()
-    get_settings.cache_clear()
 
 
 def base_of(httpserver: HTTPServer) -> str:

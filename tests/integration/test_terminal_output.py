@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 
 from notifier.cli import terminal
 from tests.conftest import POSTGRES
+from tests.factories import MakeRow
 
 HOSTILE = "a\x1b[2Jb\x1b]0;title\x07c\rd\u202ee\x9bf\x7f"
 #: What a terminal would act on; a newline only ends the command's own lines.
@@ -33,19 +34,15 @@ def _notifier(*argv: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 @pytest.fixture
-def row(engine: Engine) -> int:
+def row(engine: Engine, raw_row: MakeRow) -> int:
+    row_id = raw_row(
+        **dict.fromkeys(("channel", "recipient", "subject", "body", "dedupe_key"), HOSTILE),
+        status="dead",
+        attempts=1,
+        last_error=HOSTILE,
+        payload={"k": HOSTILE},
+    )
     with engine.begin() as conn:
-        row_id = int(
-            conn.execute(
-                text(
-                    "INSERT INTO notifications (channel, recipient, subject, body, dedupe_key,"
-                    " status, attempts, last_error, payload)"
-                    " VALUES (:v, :v, :v, :v, :v, 'dead', 1, :v, CAST(:payload AS jsonb))"
-                    " RETURNING id"
-                ),
-                {"v": HOSTILE, "payload": json.dumps({"k": HOSTILE})},
-            ).scalar_one()
-        )
         conn.execute(
             text(
                 "INSERT INTO notification_attempts"

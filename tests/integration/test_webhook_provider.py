@@ -33,6 +33,7 @@ from notifier.models import Notification
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.webhook import WebhookProvider
 from notifier.settings import get_settings
+from tests.factories import SetEnv
 from tests.raw_server import Behaviour, RawServer, garbage, read_request, silence
 
 # Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
@@ -62,7 +63,7 @@ def notification(recipient: str, id: int = 42, **fields: Any) -> Notification:
 
 
 @pytest.fixture
-def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
+def make_provider(set_env: SetEnv) -> Iterator[MakeProvider]:
     """Builds providers from the environment, the way the registry does; shuts them down after."""
     made: list[WebhookProvider] = []
 
@@ -73,21 +74,18 @@ def make_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeProvider]:
         allow_http: bool = True,
         allowed: str = LOOPBACK,
     ) -> WebhookProvider:
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOW_HTTP", str(allow_http).lower())
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", allowed)
-        monkeypatch.setenv("NOTIFIER_WEBHOOK_TIMEOUT", str(timeout))
-        if secret is None:
-            monkeypatch.delenv("NOTIFIER_WEBHOOK_SECRET", raising=False)
-        else:
-            monkeypatch.setenv("NOTIFIER_WEBHOOK_SECRET", secret)
-        get_settings.cache_clear()
+        set_env(
+            webhook_allow_http=allow_http,
+            webhook_allowed_networks=allowed,
+            webhook_timeout=timeout,
+            webhook_secret=secret,
+        )
         made.append(WebhookProvider(get_settings()))
         return made[-1]
 
     yield make
     for provider in made:
         provider.shutdown()
-    get_settings.cache_clear()
 
 
 # -- a bare TCP server ---------------------------------------------------------------------------

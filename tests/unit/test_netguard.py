@@ -22,6 +22,7 @@ from notifier.providers.netguard import (
     legacy_ipv4,
 )
 from notifier.settings import Settings
+from tests.factories import SetEnv
 
 CLASSIFIED = [
     # address, kind (None: public), written as
@@ -128,18 +129,16 @@ def test_resolve_returns_public_addresses() -> None:
 # -- NOTIFIER_WEBHOOK_ALLOWED_NETWORKS -----------------------------------------------------------
 
 
-def test_allowed_networks_are_read_from_a_comma_separated_list(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", raising=False)
+def test_allowed_networks_are_read_from_a_comma_separated_list(set_env: SetEnv) -> None:
+    set_env(webhook_allowed_networks=None)
     assert Settings().webhook_allowed_networks == []
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", " 10.20.0.0/16, fd00:1::/64,,10.9.9.9")
+    set_env(webhook_allowed_networks=" 10.20.0.0/16, fd00:1::/64,,10.9.9.9")
     assert Settings().webhook_allowed_networks == [
         ip_network("10.20.0.0/16"),
         ip_network("fd00:1::/64"),
         ip_network("10.9.9.9/32"),
     ]
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", "")
+    set_env(webhook_allowed_networks="")
     assert Settings().webhook_allowed_networks == []
 
 
@@ -151,10 +150,8 @@ def test_allowed_networks_are_read_from_a_comma_separated_list(
         ('["10.0.0.0/8"]', "is not a network in CIDR notation"),
     ],
 )
-def test_a_bad_network_is_a_clear_settings_error(
-    monkeypatch: pytest.MonkeyPatch, value: str, says: str
-) -> None:
-    monkeypatch.setenv("NOTIFIER_WEBHOOK_ALLOWED_NETWORKS", value)
+def test_a_bad_network_is_a_clear_settings_error(set_env: SetEnv, value: str, says: str) -> None:
+    set_env(webhook_allowed_networks=value)
     with pytest.raises(ValidationError, match="webhook_allowed_networks") as error:
         Settings()
     assert says in str(error.value)

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from notifier.settings import SettingsError, get_settings, unknown_settings
-
-
-@pytest.fixture(autouse=True)
-def _fresh_settings() -> Iterator[None]:
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+from tests.factories import SetEnv
 
 
 @pytest.mark.parametrize(
@@ -47,8 +39,8 @@ def test_settings_and_the_variables_read_on_purpose_pass() -> None:
     )
 
 
-def test_get_settings_refuses_an_unknown_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NOTIFIER_RATE_LIMIT", "email=1/s")
+def test_get_settings_refuses_an_unknown_variable(set_env: SetEnv) -> None:
+    set_env(rate_limit="email=1/s")
     with pytest.raises(SettingsError) as refused:
         get_settings()
     assert str(refused.value) == (
@@ -56,10 +48,8 @@ def test_get_settings_refuses_an_unknown_variable(monkeypatch: pytest.MonkeyPatc
     )
 
 
-def test_bad_values_name_their_variables_on_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NOTIFIER_BATCH_SIZE", "0")
-    monkeypatch.setenv("NOTIFIER_DATABASE_URL", "mysql://app:hunter2@db/app")
-    monkeypatch.setenv("NOTIFIER_SMPT_HOST", "mail")
+def test_bad_values_name_their_variables_on_one_line(set_env: SetEnv) -> None:
+    set_env(batch_size=0, database_url="mysql://app:hunter2@db/app", smpt_host="mail")
     with pytest.raises(SettingsError) as refused:
         get_settings()
     message = str(refused.value)

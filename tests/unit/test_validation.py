@@ -13,6 +13,7 @@ from notifier.delivery.checks import MAX_RECIPIENT_LENGTH, check_common, payload
 from notifier.models import Notification
 from notifier.providers import InvalidNotification
 from notifier.settings import Settings
+from tests.factories import SetEnv
 
 
 def _n(recipient: str = "ada@example.com", payload: Any = None) -> Notification:
@@ -57,18 +58,18 @@ def test_multibyte_characters_count_as_bytes() -> None:
         check_common(_n(payload={"t": "ëëëëëëëëë"}), _settings(25))  # 8 + 9 x 2 bytes
 
 
-def test_the_default_limit_is_64_kib(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NOTIFIER_MAX_PAYLOAD_BYTES", raising=False)
+def test_the_default_limit_is_64_kib(set_env: SetEnv) -> None:
+    set_env(max_payload_bytes=None)
     assert Settings().max_payload_bytes == 65_536
     check_common(_n(payload={"b": "x" * (65_536 - 8)}), Settings())
     with pytest.raises(InvalidNotification, match="65537 bytes"):
         check_common(_n(payload={"b": "x" * (65_536 - 7)}), Settings())
 
 
-def test_the_limit_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NOTIFIER_MAX_PAYLOAD_BYTES", "1024")
+def test_the_limit_is_read_from_the_environment(set_env: SetEnv) -> None:
+    set_env(max_payload_bytes=1024)
     assert Settings().max_payload_bytes == 1024
-    monkeypatch.setenv("NOTIFIER_MAX_PAYLOAD_BYTES", "0")
+    set_env(max_payload_bytes=0)
     with pytest.raises(ValidationError, match="max_payload_bytes"):
         Settings()
 
