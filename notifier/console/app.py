@@ -14,17 +14,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy import Engine
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import BaseRoute, Mount
-from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifier.console.auth import Session, Sessions, csrf_ok
@@ -189,30 +185,3 @@ class Guard:
                 (time.monotonic() - started) * 1000,
                 extra={"event": "console_request", "status": status},
             )
-
-
-def create_app(
-    engine: Engine,
-    users: dict[str, User],
-    *,
-    secure_cookie: bool = True,
-    session_seconds: float = 8 * 3600,
-    flower_url: str = "",
-) -> Starlette:
-    """The console for ``users`` over ``engine``; refuses to exist without users."""
-    from notifier.console import actions, pages
-
-    if not users:
-        raise ValueError(
-            "the console has no users: set NOTIFIER_CONSOLE_USERS (hashes from"
-            " notifier console hash-password)"
-        )
-    routes: list[BaseRoute] = [
-        *pages.routes(),
-        *actions.routes(),
-        Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
-    ]
-    app = Starlette(routes=routes)
-    app.state.console = Console(engine, users, Sessions(session_seconds), secure_cookie, flower_url)
-    app.add_middleware(Guard)
-    return app

@@ -47,7 +47,7 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     import uvicorn
 
     from notifier import db
-    from notifier.console.app import create_app
+    from notifier.console.site import create_app
     from notifier.settings import get_settings
     from notifier.specs import parse_users
 
