@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
+from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
 from notifier.models import CampaignStatus
 
@@ -168,11 +169,43 @@ class Campaigns:
                 },
             )
 
-    def import_audience(self, name: str, rows: IO[str], recipient_column: str = "recipient") -> int:
+    def import_audience(
+        self,
+        name: str,
+        rows: IO[str],
+        recipient_column: str = "recipient",
+        *,
+        on_duplicate: str = "skip",
+    ) -> int:
+        """``import_csv``, returning only how many recipients it added."""
+        return self.import_csv(name, rows, recipient_column, on_duplicate=on_duplicate).added
+
+    def import_csv(
+        self,
+        name: str,
+        rows: IO[str],
+        recipient_column: str = "recipient",
+        *,
+        on_duplicate: str = "skip",
+    ) -> AudienceImport:
+        """Add a CSV file's recipients; its other columns become their fields.
+
+        A recipient on several lines keeps its first line's fields. ``on_duplicate="skip"``
+        drops the later lines and reports them (how many, and the first few); ``"refuse"``
+        refuses the whole file, naming the first repeat, with nothing imported. A recipient
+        the campaign has from an earlier import stays as it was.
+        """
+        if on_duplicate not in ("skip", "refuse"):
+            raise CampaignError(f"on_duplicate is skip or refuse, not {on_duplicate!r}")
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            _, added = audience_db.import_audience(conn, campaign.id, rows, recipient_column)
-            return added
+            return audience_db.import_audience(
+                conn,
+                campaign.id,
+                rows,
+                recipient_column,
+                refuse_duplicates=on_duplicate == "refuse",
+            )
 
     def audience_from_query(self, name: str, query: str) -> int:
         with self.engine.begin() as conn:
