@@ -9,6 +9,12 @@ Messages are filled from templates with ``{placeholders}``: ``{recipient}``, ``{
 audience field (a CSV column, a query column). Rendering happens inside the fan-out statement,
 from bound parameters only; a field missing for any recipient stops the launch before anything is
 written, naming the field.
+
+Or a campaign names a stored Jinja2 template (``notifier template add``): each row is written
+naming it, with the recipient's fields, ``code``, ``campaign`` and ``recipient`` in its payload,
+and the worker renders subject, text and HTML per recipient at send time, as for any templated
+row. The launch reads which variables the template uses (``jinja2.meta``) and stops, as above,
+when a recipient lacks one.
 """
 
 from __future__ import annotations
@@ -23,17 +29,28 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sqlalchemy import Engine
+from jinja2 import Environment, TemplateSyntaxError, meta
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
+from notifier.db import content as content_db
 from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
+from notifier.db.content import TemplateRow
+from notifier.delivery.prepare import compile_parts, locale_chain
 from notifier.models import CampaignStatus
+from notifier.settings import get_settings
+from notifier.specs import normalize_locale
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BUILT_IN = {"recipient": "r.recipient", "code": "k.code"}
+#: What a stored template's rows carry besides the audience fields (``TEMPLATED_PAYLOAD``).
+_TEMPLATE_BUILT_IN = {"recipient", "code", "campaign"}
+#: Parses stored templates to find their variables; what Jinja2 itself provides is not one.
+#: (Only parses: the worker renders, with its own environments.)
+_JINJA = Environment(autoescape=True)
 
 #: Recipients written per fan-out statement (and per transaction).
 CHUNK = 50_000
@@ -146,16 +163,34 @@ class Campaigns:
         *,
         subject: str | None = None,
         body: str | None = None,
+        template: str | None = None,
+        locale: str | None = None,
         payload: Mapping[str, Any] | None = None,
         priority: int = -10,
         max_attempts: int = 5,
     ) -> int:
+        """A draft campaign; its message is ``subject`` and ``body`` with ``{placeholders}``, or
+        the stored ``template`` (in ``locale``, else ``NOTIFIER_DEFAULT_LOCALE``), which must
+        exist for ``channel`` already."""
         render_sql(subject, body)  # refuse a bad template now, not at launch
         if max_attempts < 1:
             raise CampaignError("max_attempts must be at least 1")
+        if template is not None and (subject is not None or body is not None):
+            raise CampaignError(
+                "a campaign takes a stored template or a subject and body, not both"
+            )
+        if locale is not None:
+            if template is None:
+                raise CampaignError("a locale goes with a stored template; name one")
+            try:
+                locale = normalize_locale(locale)
+            except ValueError as exc:
+                raise CampaignError(str(exc)) from None
         with self.engine.begin() as conn:
             if campaigns_db.by_name(conn, name) is not None:
                 raise CampaignError(f"a campaign named {name!r} exists already")
+            if template is not None:
+                _stored_template(conn, template, channel, locale)
             return campaigns_db.create(
                 conn,
                 {
@@ -163,6 +198,8 @@ class Campaigns:
                     "channel": channel,
                     "subject": subject,
                     "body": body,
+                    "template": template,
+                    "locale": locale,
                     "payload": json.dumps(dict(payload or {})),
                     "priority": priority,
                     "max_attempts": max_attempts,
@@ -365,15 +402,21 @@ class Campaigns:
         return campaign
 
     @staticmethod
-    def _check_ready(conn: Any, campaign: CampaignRow) -> None:
-        names = set(placeholders(campaign.subject) + placeholders(campaign.body))
-        fields = sorted(names - set(_BUILT_IN))
+    def _check_ready(conn: Connection, campaign: CampaignRow) -> None:
+        if campaign.template is None:
+            names = set(placeholders(campaign.subject) + placeholders(campaign.body))
+            fields = sorted(names - set(_BUILT_IN))
+        else:
+            names = template_variables(conn, campaign.template, campaign.channel, campaign.locale)
+            fields = sorted(names - _TEMPLATE_BUILT_IN - set(campaign.payload))
         if fields:
-            missing = campaigns_db.recipient_missing(conn, campaign.id, fields)
-            if missing is not None:
+            found = campaigns_db.recipient_missing(conn, campaign.id, fields)
+            if found is not None:
+                recipient, missing = found
                 raise CampaignError(
-                    f"recipient {missing!r} has no value for one of the template's fields"
-                    f" ({', '.join(fields)}); fix the audience and launch again"
+                    f"recipient {recipient!r} has no value for {', '.join(map(repr, missing))},"
+                    f" which the template uses (its fields: {', '.join(fields)});"
+                    " fix the audience and launch again"
                 )
         if "code" in names:
             recipients, codes, given = campaigns_db.pool_counts(conn, campaign.id)
@@ -383,3 +426,39 @@ class Campaigns:
                     f"{need} recipients still need a code but only {spare} codes are free;"
                     f" import or generate at least {need - spare} more"
                 )
+
+
+def template_variables(
+    conn: Connection, template: str, channel: str, locale: str | None
+) -> set[str]:
+    """The variables a stored template reads from each row, as ``jinja2.meta`` finds them: of
+    the version rows naming it and ``locale`` will find, by the worker's locale fallback."""
+    found = _stored_template(conn, template, channel, locale)
+    where = f"template {found.name!r} ({found.channel}, {found.locale})"
+    try:
+        compile_parts(found.subject, found.body, found.html)
+        names: set[str] = set()
+        for source in (found.subject, found.body, found.html):
+            if source is not None:
+                names |= meta.find_undeclared_variables(_JINJA.parse(source))
+    except (ValueError, TemplateSyntaxError) as exc:
+        raise CampaignError(
+            f"{where} does not compile: {exc}; fix it with notifier template add"
+        ) from None
+    return names - set(_JINJA.globals)
+
+
+def _stored_template(conn: Connection, name: str, channel: str, locale: str | None) -> TemplateRow:
+    """The stored template a row naming ``name`` and ``locale`` on ``channel`` would get."""
+    chain = locale_chain(locale, get_settings().default_locale)
+    by_locale: dict[str, TemplateRow] = {}
+    for row in content_db.templates_of(conn, [(name, channel)]):
+        with contextlib.suppress(ValueError):  # a locale written in SQL that no row can match
+            by_locale[normalize_locale(row.locale)] = row
+    for wanted in chain:
+        if wanted in by_locale:
+            return by_locale[wanted]
+    raise CampaignError(
+        f"no stored template {name!r} for channel {channel} in locale {' or '.join(chain)};"
+        " add it first with notifier template add"
+    )

@@ -211,11 +211,19 @@ campaigns = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("launched_at", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("template", Text),
+    Column("locale", Text),
     CheckConstraint(
         "status IN ('draft', 'launching', 'running', 'paused', 'cancelled')",
         name="campaigns_status",
     ),
     CheckConstraint("max_attempts > 0", name="campaigns_max_attempts_positive"),
+    CheckConstraint(
+        "template IS NULL OR (subject IS NULL AND body IS NULL)", name="campaigns_template_or_text"
+    ),
+    CheckConstraint(
+        "locale IS NULL OR template IS NOT NULL", name="campaigns_locale_with_template"
+    ),
 )
 
 # Recipient N of a campaign is given code N: positions are dense per campaign, in import order.
