@@ -15,6 +15,9 @@ naming it, with the recipient's fields, ``code``, ``campaign`` and ``recipient``
 and the worker renders subject, text and HTML per recipient at send time, as for any templated
 row. The launch reads which variables the template uses (``jinja2.meta``) and stops, as above,
 when a recipient lacks one.
+
+A running campaign becomes ``finished`` once it is fully launched and none of its rows is
+pending or processing (``finish``: beat's sweep, and every ``status``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import secrets
 import string
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 from jinja2 import Environment, TemplateSyntaxError, meta
@@ -288,16 +291,23 @@ class Campaigns:
             campaigns_db.lock_launch(held, campaign_id)
             held.commit()  # the lock is the session's: the connection waits outside a transaction
             try:
-                return self._launch(name, progress, chunk, parallel)
+                written = self._launch(name, progress, chunk, parallel)
             finally:
                 with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
                     campaigns_db.unlock_launch(held, campaign_id)
                     held.commit()
+        self._finish(campaign_id)  # nothing to send (no audience, or nothing new): done now
+        return written
 
     def _launch(self, name: str, progress: Callable[[int], None], chunk: int, parallel: int) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
+            started = (
+                CampaignStatus.draft,
+                CampaignStatus.launching,
+                CampaignStatus.running,
+                CampaignStatus.finished,
+            )
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.launching, started):
                 if campaign.status == CampaignStatus.cancelled:
                     raise CampaignError(
@@ -352,9 +362,28 @@ class Campaigns:
             )
 
     def status(self, name: str) -> Progress:
+        """The campaign and its counts; a running campaign they show done is marked finished
+        (``finish``) first."""
         with self.engine.connect() as conn:
             campaign = self._get(conn, name)
-            return Progress(campaign, campaigns_db.counts(conn, campaign.id))
+            counts = campaigns_db.counts(conn, campaign.id)
+        progress = Progress(campaign, counts)
+        done = campaign.status == CampaignStatus.running and not progress.unfinished
+        if done and self._finish(campaign.id):
+            progress = Progress(replace(campaign, status=CampaignStatus.finished), counts)
+        return progress
+
+    def finish(self) -> list[str]:
+        """Mark ``finished`` every running campaign that is fully launched (no launch under
+        way, every audience position written) and has no notification pending or processing;
+        the names of those marked. A later launch of new audience members makes one ``running``
+        again. Beat runs it periodically (``notifier.finish_campaigns``)."""
+        with self.engine.begin() as conn:
+            return campaigns_db.finish(conn)
+
+    def _finish(self, campaign_id: int) -> bool:
+        with self.engine.begin() as conn:
+            return bool(campaigns_db.finish(conn, campaign_id))
 
     def pause(self, name: str) -> int:
         """Stop sending now; returns the rows held back. Sends already under way finish."""
@@ -364,6 +393,7 @@ class Campaigns:
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             movable = (CampaignStatus.launching, CampaignStatus.running)
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.paused, movable):
+                _refuse_if_finished(campaign, "pause")
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
             return campaigns_db.park(conn, campaign.id)
 
@@ -374,6 +404,7 @@ class Campaigns:
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             paused = [CampaignStatus.paused]
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.running, paused):
+                _refuse_if_finished(campaign, "resume")
                 raise CampaignError(f"campaign {name!r} is {campaign.status}, not paused")
             return campaigns_db.unpark(conn, campaign.id)
 
@@ -387,8 +418,10 @@ class Campaigns:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
-            live = [s for s in CampaignStatus if s is not CampaignStatus.cancelled]
+            final = (CampaignStatus.cancelled, CampaignStatus.finished)
+            live = [s for s in CampaignStatus if s not in final]
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
+                _refuse_if_finished(campaign, "cancel")
                 raise CampaignError(f"campaign {name!r} is cancelled already")
             return campaigns_db.cancel_unsent(conn, campaign.id)
 
@@ -462,3 +495,11 @@ def _stored_template(conn: Connection, name: str, channel: str, locale: str | No
         f"no stored template {name!r} for channel {channel} in locale {' or '.join(chain)};"
         " add it first with notifier template add"
     )
+
+
+def _refuse_if_finished(campaign: CampaignRow, verb: str) -> None:
+    if campaign.status == CampaignStatus.finished:
+        raise CampaignError(
+            f"campaign {campaign.name!r} is finished: every notification was sent, dead or"
+            f" cancelled, so there is nothing to {verb}"
+        )

@@ -194,6 +194,9 @@ class CampaignStatus(StrEnum):
     paused = "paused"
     #: its unsent notifications were cancelled; final
     cancelled = "cancelled"
+    #: fully launched, and every notification sent, dead or cancelled; a launch of new audience
+    #: members makes it ``running`` again
+    finished = "finished"
 
 
 campaigns = Table(
@@ -214,7 +217,7 @@ campaigns = Table(
     Column("template", Text),
     Column("locale", Text),
     CheckConstraint(
-        "status IN ('draft', 'launching', 'running', 'paused', 'cancelled')",
+        "status IN ('draft', 'launching', 'running', 'paused', 'cancelled', 'finished')",
         name="campaigns_status",
     ),
     CheckConstraint("max_attempts > 0", name="campaigns_max_attempts_positive"),

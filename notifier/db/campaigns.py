@@ -175,6 +175,37 @@ UNPARK = text(
     """
 )
 
+# A running campaign's first step to ``finished``: hold it against a launch (the session lock
+# ``LOCK_LAUNCH`` takes; shared, and only if free) until the transaction ends. A launch under way
+# keeps its campaign out; one that starts now waits for the commit.
+FINISH_CANDIDATES = text(
+    """
+    SELECT id FROM campaigns
+     WHERE status = 'running' AND (CAST(:id AS bigint) IS NULL OR id = CAST(:id AS bigint))
+       AND pg_try_advisory_xact_lock_shared(hashtext('notifier.launch'), CAST(id AS int))
+    """
+)
+
+# Then, in a statement of its own (its snapshot sees every row a launch that ended before the
+# lock wrote): fully launched (the chunks, which never overlap, cover every audience position)
+# and no row pending or processing. The last test reads the campaign's rows through
+# notifications_campaign_recipient backwards: a campaign being sent goes out in position
+# order, so its unsent rows are at that end and one probe usually settles it.
+FINISH = text(
+    """
+    UPDATE campaigns AS c SET status = 'finished', updated_at = now()
+     WHERE c.id = ANY(CAST(:ids AS bigint[])) AND c.status = 'running'
+       AND (SELECT coalesce(sum(last_position - first_position + 1), 0)
+              FROM campaign_chunks WHERE campaign_id = c.id)
+           >= (SELECT coalesce(max(position), 0)
+                 FROM campaign_recipients WHERE campaign_id = c.id)
+       AND (SELECT 1 FROM notifications AS n
+             WHERE n.campaign_id = c.id AND n.status IN ('pending', 'processing')
+             ORDER BY n.campaign_id DESC, n.recipient DESC LIMIT 1) IS NULL
+    RETURNING c.name
+    """
+)
+
 CANCEL_UNSENT = text(
     """
     UPDATE notifications
@@ -360,3 +391,13 @@ def unpark(conn: Connection, campaign_id: int) -> int:
 
 def cancel_unsent(conn: Connection, campaign_id: int) -> int:
     return int(conn.execute(CANCEL_UNSENT, {"id": campaign_id}).rowcount)
+
+
+def finish(conn: Connection, campaign_id: int | None = None) -> list[str]:
+    """Mark ``finished`` each running campaign (or just ``campaign_id``) that is fully launched
+    and has no row pending or processing; the names of those it marked. Takes two statements,
+    so run it in a transaction of its own."""
+    ids = list(conn.execute(FINISH_CANDIDATES, {"id": campaign_id}).scalars())
+    if not ids:
+        return []
+    return [str(name) for name in conn.execute(FINISH, {"ids": ids}).scalars()]

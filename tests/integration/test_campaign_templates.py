@@ -93,6 +93,7 @@ def test_each_recipient_gets_an_html_part_with_their_own_name_and_code(
             f"<p>Hi {escaped}, your code is <b>{code}</b> (spring)</p>"
         )
         assert plain.get_content().strip() == f"Hi {name}, use {code} at the shop."
+    assert campaigns.status("spring").campaign.status == "finished"
 
 
 def test_a_field_the_template_uses_that_a_recipient_lacks_stops_the_launch(
