@@ -163,3 +163,16 @@ def test_downgrading_makes_finished_campaigns_running_again(
         _sql(engine, "UPDATE campaigns SET status = 'finished'")
     migrate(engine, "head")
     assert campaigns.finish() == ["spring"]
+
+
+def test_beat_runs_the_sweep_as_the_finish_campaigns_task(
+    campaigns: Campaigns, dispatcher: Dispatcher, redis_url: str
+) -> None:
+    from celeryconfig import beat_schedule
+    from notifier.worker import tasks
+
+    _launched(campaigns, 3)
+    assert tasks.finish_campaigns() == []
+    _drain(dispatcher)
+    assert beat_schedule["finish-campaigns"]["task"] == tasks.finish_campaigns.name
+    assert tasks.finish_campaigns() == ["spring"]
