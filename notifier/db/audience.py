@@ -159,6 +159,7 @@ def import_audience(
         cur.execute(f"CREATE TEMP TABLE stage ({columns}, line bigint) ON COMMIT DROP")
         with cur.copy(f"COPY stage ({', '.join(names)}, line) FROM STDIN") as copy:
             end = reader.line_num  # a record starts on the line after the last one's end
+            staged = 0  # records with a recipient, as STAGED reads them (trim() takes spaces)
             for record in reader:
                 line, end = end + 1, reader.line_num
                 if len(record) != len(header):
@@ -167,8 +168,9 @@ def import_audience(
                         f" the header has {len(header)}"
                     )
                 copy.write_row([*(record[i] for i in order), line])
-    duplicates, examples = _duplicates(conn)
-    if duplicates and refuse_duplicates:
+                staged += record[order[0]].strip(" ") != ""
+    duplicates, examples = _duplicates(conn) if refuse_duplicates else (0, [])
+    if duplicates:
         first = examples[0]
         raise DuplicateRecipients(
             f"audience CSV line {first.line} repeats {first.recipient!r} from line"
@@ -181,6 +183,10 @@ def import_audience(
     params.update({f"f{i}": name for i, name in enumerate(fields)})
     statement = NEW_RECIPIENTS.format(source=STAGED.format(fields=expression), first=", line")
     added = int(conn.execute(text(statement), params).rowcount)
+    if added < staged and not refuse_duplicates:
+        # Some lines gave no new recipient: repeats, or recipients the campaign had. When every
+        # line gave one (a first import without repeats), the stage need not be read again.
+        duplicates, examples = _duplicates(conn)
     conn.execute(text("DROP TABLE stage"))
     return AudienceImport(added, fields, duplicates, examples)
 
