@@ -66,6 +66,12 @@ beat_schedule = {
         "schedule": max(_interval, 5.0),
         "options": {"expires": max(_interval * 0.9, 0.5)},
     },
+    # A campaign's last rows are final: mark it finished (a read per running campaign).
+    "finish-campaigns": {
+        "task": "notifier.finish_campaigns",
+        "schedule": max(_interval, 5.0),
+        "options": {"expires": max(_interval * 0.9, 0.5)},
+    },
     # Once a day at a quiet hour (UTC). Not an 86400 s interval: beat counts an interval from
     # its own start, and its schedule file does not outlive a redeploy, so a beat restarted
     # more often than daily would never purge. A purge not started within the hour is dropped;

@@ -9,6 +9,15 @@ Messages are filled from templates with ``{placeholders}``: ``{recipient}``, ``{
 audience field (a CSV column, a query column). Rendering happens inside the fan-out statement,
 from bound parameters only; a field missing for any recipient stops the launch before anything is
 written, naming the field.
+
+Or a campaign names a stored Jinja2 template (``notifier template add``): each row is written
+naming it, with the recipient's fields, ``code``, ``campaign`` and ``recipient`` in its payload,
+and the worker renders subject, text and HTML per recipient at send time, as for any templated
+row. The launch reads which variables the template uses (``jinja2.meta``) and stops, as above,
+when a recipient lacks one.
+
+A running campaign becomes ``finished`` once it is fully launched and none of its rows is
+pending or processing (``finish``: beat's sweep, and every ``status``).
 """
 
 from __future__ import annotations
@@ -20,19 +29,31 @@ import secrets
 import string
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from sqlalchemy import Engine
+from jinja2 import Environment, TemplateSyntaxError, meta
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
+from notifier.db import content as content_db
+from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
+from notifier.db.content import TemplateRow
+from notifier.delivery.prepare import compile_parts, locale_chain
 from notifier.models import CampaignStatus
+from notifier.settings import get_settings
+from notifier.specs import normalize_locale
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BUILT_IN = {"recipient": "r.recipient", "code": "k.code"}
+#: What a stored template's rows carry besides the audience fields (``TEMPLATED_PAYLOAD``).
+_TEMPLATE_BUILT_IN = {"recipient", "code", "campaign"}
+#: Parses stored templates to find their variables; what Jinja2 itself provides is not one.
+#: (Only parses: the worker renders, with its own environments.)
+_JINJA = Environment(autoescape=True)
 
 #: Recipients written per fan-out statement (and per transaction).
 CHUNK = 50_000
@@ -145,16 +166,34 @@ class Campaigns:
         *,
         subject: str | None = None,
         body: str | None = None,
+        template: str | None = None,
+        locale: str | None = None,
         payload: Mapping[str, Any] | None = None,
         priority: int = -10,
         max_attempts: int = 5,
     ) -> int:
+        """A draft campaign; its message is ``subject`` and ``body`` with ``{placeholders}``, or
+        the stored ``template`` (in ``locale``, else ``NOTIFIER_DEFAULT_LOCALE``), which must
+        exist for ``channel`` already."""
         render_sql(subject, body)  # refuse a bad template now, not at launch
         if max_attempts < 1:
             raise CampaignError("max_attempts must be at least 1")
+        if template is not None and (subject is not None or body is not None):
+            raise CampaignError(
+                "a campaign takes a stored template or a subject and body, not both"
+            )
+        if locale is not None:
+            if template is None:
+                raise CampaignError("a locale goes with a stored template; name one")
+            try:
+                locale = normalize_locale(locale)
+            except ValueError as exc:
+                raise CampaignError(str(exc)) from None
         with self.engine.begin() as conn:
             if campaigns_db.by_name(conn, name) is not None:
                 raise CampaignError(f"a campaign named {name!r} exists already")
+            if template is not None:
+                _stored_template(conn, template, channel, locale)
             return campaigns_db.create(
                 conn,
                 {
@@ -162,17 +201,51 @@ class Campaigns:
                     "channel": channel,
                     "subject": subject,
                     "body": body,
+                    "template": template,
+                    "locale": locale,
                     "payload": json.dumps(dict(payload or {})),
                     "priority": priority,
                     "max_attempts": max_attempts,
                 },
             )
 
-    def import_audience(self, name: str, rows: IO[str], recipient_column: str = "recipient") -> int:
+    def import_audience(
+        self,
+        name: str,
+        rows: IO[str],
+        recipient_column: str = "recipient",
+        *,
+        on_duplicate: str = "skip",
+    ) -> int:
+        """``import_csv``, returning only how many recipients it added."""
+        return self.import_csv(name, rows, recipient_column, on_duplicate=on_duplicate).added
+
+    def import_csv(
+        self,
+        name: str,
+        rows: IO[str],
+        recipient_column: str = "recipient",
+        *,
+        on_duplicate: str = "skip",
+    ) -> AudienceImport:
+        """Add a CSV file's recipients; its other columns become their fields.
+
+        A recipient on several lines keeps its first line's fields. ``on_duplicate="skip"``
+        drops the later lines and reports them (how many, and the first few); ``"refuse"``
+        refuses the whole file, naming the first repeat, with nothing imported. A recipient
+        the campaign has from an earlier import stays as it was.
+        """
+        if on_duplicate not in ("skip", "refuse"):
+            raise CampaignError(f"on_duplicate is skip or refuse, not {on_duplicate!r}")
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            _, added = audience_db.import_audience(conn, campaign.id, rows, recipient_column)
-            return added
+            return audience_db.import_audience(
+                conn,
+                campaign.id,
+                rows,
+                recipient_column,
+                refuse_duplicates=on_duplicate == "refuse",
+            )
 
     def audience_from_query(self, name: str, query: str) -> int:
         with self.engine.begin() as conn:
@@ -218,16 +291,23 @@ class Campaigns:
             campaigns_db.lock_launch(held, campaign_id)
             held.commit()  # the lock is the session's: the connection waits outside a transaction
             try:
-                return self._launch(name, progress, chunk, parallel)
+                written = self._launch(name, progress, chunk, parallel)
             finally:
                 with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
                     campaigns_db.unlock_launch(held, campaign_id)
                     held.commit()
+        self._finish(campaign_id)  # nothing to send (no audience, or nothing new): done now
+        return written
 
     def _launch(self, name: str, progress: Callable[[int], None], chunk: int, parallel: int) -> int:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
-            started = (CampaignStatus.draft, CampaignStatus.launching, CampaignStatus.running)
+            started = (
+                CampaignStatus.draft,
+                CampaignStatus.launching,
+                CampaignStatus.running,
+                CampaignStatus.finished,
+            )
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.launching, started):
                 if campaign.status == CampaignStatus.cancelled:
                     raise CampaignError(
@@ -282,9 +362,28 @@ class Campaigns:
             )
 
     def status(self, name: str) -> Progress:
+        """The campaign and its counts; a running campaign they show done is marked finished
+        (``finish``) first."""
         with self.engine.connect() as conn:
             campaign = self._get(conn, name)
-            return Progress(campaign, campaigns_db.counts(conn, campaign.id))
+            counts = campaigns_db.counts(conn, campaign.id)
+        progress = Progress(campaign, counts)
+        done = campaign.status == CampaignStatus.running and not progress.unfinished
+        if done and self._finish(campaign.id):
+            progress = Progress(replace(campaign, status=CampaignStatus.finished), counts)
+        return progress
+
+    def finish(self) -> list[str]:
+        """Mark ``finished`` every running campaign that is fully launched (no launch under
+        way, every audience position written) and has no notification pending or processing;
+        the names of those marked. A later launch of new audience members makes one ``running``
+        again. Beat runs it periodically (``notifier.finish_campaigns``)."""
+        with self.engine.begin() as conn:
+            return campaigns_db.finish(conn)
+
+    def _finish(self, campaign_id: int) -> bool:
+        with self.engine.begin() as conn:
+            return bool(campaigns_db.finish(conn, campaign_id))
 
     def pause(self, name: str) -> int:
         """Stop sending now; returns the rows held back. Sends already under way finish."""
@@ -294,6 +393,7 @@ class Campaigns:
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             movable = (CampaignStatus.launching, CampaignStatus.running)
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.paused, movable):
+                _refuse_if_finished(campaign, "pause")
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
             return campaigns_db.park(conn, campaign.id)
 
@@ -304,6 +404,7 @@ class Campaigns:
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             paused = [CampaignStatus.paused]
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.running, paused):
+                _refuse_if_finished(campaign, "resume")
                 raise CampaignError(f"campaign {name!r} is {campaign.status}, not paused")
             return campaigns_db.unpark(conn, campaign.id)
 
@@ -317,8 +418,10 @@ class Campaigns:
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
-            live = [s for s in CampaignStatus if s is not CampaignStatus.cancelled]
+            final = (CampaignStatus.cancelled, CampaignStatus.finished)
+            live = [s for s in CampaignStatus if s not in final]
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.cancelled, live):
+                _refuse_if_finished(campaign, "cancel")
                 raise CampaignError(f"campaign {name!r} is cancelled already")
             return campaigns_db.cancel_unsent(conn, campaign.id)
 
@@ -332,15 +435,21 @@ class Campaigns:
         return campaign
 
     @staticmethod
-    def _check_ready(conn: Any, campaign: CampaignRow) -> None:
-        names = set(placeholders(campaign.subject) + placeholders(campaign.body))
-        fields = sorted(names - set(_BUILT_IN))
+    def _check_ready(conn: Connection, campaign: CampaignRow) -> None:
+        if campaign.template is None:
+            names = set(placeholders(campaign.subject) + placeholders(campaign.body))
+            fields = sorted(names - set(_BUILT_IN))
+        else:
+            names = template_variables(conn, campaign.template, campaign.channel, campaign.locale)
+            fields = sorted(names - _TEMPLATE_BUILT_IN - set(campaign.payload))
         if fields:
-            missing = campaigns_db.recipient_missing(conn, campaign.id, fields)
-            if missing is not None:
+            found = campaigns_db.recipient_missing(conn, campaign.id, fields)
+            if found is not None:
+                recipient, missing = found
                 raise CampaignError(
-                    f"recipient {missing!r} has no value for one of the template's fields"
-                    f" ({', '.join(fields)}); fix the audience and launch again"
+                    f"recipient {recipient!r} has no value for {', '.join(map(repr, missing))},"
+                    f" which the template uses (its fields: {', '.join(fields)});"
+                    " fix the audience and launch again"
                 )
         if "code" in names:
             recipients, codes, given = campaigns_db.pool_counts(conn, campaign.id)
@@ -350,3 +459,47 @@ class Campaigns:
                     f"{need} recipients still need a code but only {spare} codes are free;"
                     f" import or generate at least {need - spare} more"
                 )
+
+
+def template_variables(
+    conn: Connection, template: str, channel: str, locale: str | None
+) -> set[str]:
+    """The variables a stored template reads from each row, as ``jinja2.meta`` finds them: of
+    the version rows naming it and ``locale`` will find, by the worker's locale fallback."""
+    found = _stored_template(conn, template, channel, locale)
+    where = f"template {found.name!r} ({found.channel}, {found.locale})"
+    try:
+        compile_parts(found.subject, found.body, found.html)
+        names: set[str] = set()
+        for source in (found.subject, found.body, found.html):
+            if source is not None:
+                names |= meta.find_undeclared_variables(_JINJA.parse(source))
+    except (ValueError, TemplateSyntaxError) as exc:
+        raise CampaignError(
+            f"{where} does not compile: {exc}; fix it with notifier template add"
+        ) from None
+    return names - set(_JINJA.globals)
+
+
+def _stored_template(conn: Connection, name: str, channel: str, locale: str | None) -> TemplateRow:
+    """The stored template a row naming ``name`` and ``locale`` on ``channel`` would get."""
+    chain = locale_chain(locale, get_settings().default_locale)
+    by_locale: dict[str, TemplateRow] = {}
+    for row in content_db.templates_of(conn, [(name, channel)]):
+        with contextlib.suppress(ValueError):  # a locale written in SQL that no row can match
+            by_locale[normalize_locale(row.locale)] = row
+    for wanted in chain:
+        if wanted in by_locale:
+            return by_locale[wanted]
+    raise CampaignError(
+        f"no stored template {name!r} for channel {channel} in locale {' or '.join(chain)};"
+        " add it first with notifier template add"
+    )
+
+
+def _refuse_if_finished(campaign: CampaignRow, verb: str) -> None:
+    if campaign.status == CampaignStatus.finished:
+        raise CampaignError(
+            f"campaign {campaign.name!r} is finished: every notification was sent, dead or"
+            f" cancelled, so there is nothing to {verb}"
+        )

@@ -194,6 +194,9 @@ class CampaignStatus(StrEnum):
     paused = "paused"
     #: its unsent notifications were cancelled; final
     cancelled = "cancelled"
+    #: fully launched, and every notification sent, dead or cancelled; a launch of new audience
+    #: members makes it ``running`` again
+    finished = "finished"
 
 
 campaigns = Table(
@@ -211,11 +214,19 @@ campaigns = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("launched_at", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("template", Text),
+    Column("locale", Text),
     CheckConstraint(
-        "status IN ('draft', 'launching', 'running', 'paused', 'cancelled')",
+        "status IN ('draft', 'launching', 'running', 'paused', 'cancelled', 'finished')",
         name="campaigns_status",
     ),
     CheckConstraint("max_attempts > 0", name="campaigns_max_attempts_positive"),
+    CheckConstraint(
+        "template IS NULL OR (subject IS NULL AND body IS NULL)", name="campaigns_template_or_text"
+    ),
+    CheckConstraint(
+        "locale IS NULL OR template IS NOT NULL", name="campaigns_locale_with_template"
+    ),
 )
 
 # Recipient N of a campaign is given code N: positions are dense per campaign, in import order.

@@ -4,12 +4,16 @@ Like ``notifier.db.campaigns``, a module that talks to the driver. A recipient i
 (primary key ``(campaign_id, recipient)``), a code once (primary key ``(campaign_id, code)``);
 both get dense positions per campaign as they are imported, and recipient N is given code N.
 Imports into one campaign take turns (an advisory lock), so their positions never collide.
+
+A CSV file's stage records each line's number: a recipient on several lines keeps its first
+line, and the later ones are reported (or refuse the file).
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import IO, Any
 
 import psycopg
@@ -24,8 +28,9 @@ LOCK_CAMPAIGN = text(
     "SELECT pg_advisory_xact_lock(hashtext('notifier.campaign'), CAST(:id AS int))"
 )
 
-# The new recipients among {source}'s rows (recipient, fields), each recipient once, numbered
-# on from the campaign's last position. Sorted once; the primary key is then filled in order.
+# The new recipients among {source}'s rows (recipient, fields), each recipient once (its first
+# row by {first}), numbered on from the campaign's last position. Sorted once; the primary key
+# is then filled in order.
 NEW_RECIPIENTS = """
     INSERT INTO campaign_recipients (campaign_id, position, recipient, fields)
     SELECT :id,
@@ -33,17 +38,35 @@ NEW_RECIPIENTS = """
              + row_number() OVER (ORDER BY s.recipient),
            s.recipient, s.fields
       FROM (SELECT DISTINCT ON (recipient) recipient, fields
-              FROM ({source}) AS source ORDER BY recipient) AS s
+              FROM ({source}) AS source ORDER BY recipient{first}) AS s
      WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients AS r
                         WHERE r.campaign_id = :id AND r.recipient = s.recipient)
 """
 
 # A CSV staged by ``import_audience``: c0 the recipient, c1... the fields ({fields} pairs them
-# with their names).
+# with their names), line its line in the file.
 STAGED = """
-    SELECT trim(c0) AS recipient, {fields} AS fields
+    SELECT trim(c0) AS recipient, {fields} AS fields, line
       FROM stage WHERE coalesce(trim(c0), '') <> ''
 """
+
+# The staged lines that repeat an earlier line's recipient: how many, and the first :few of
+# them with that earlier line. One sort of (recipient, line) pairs, without the fields.
+DUPLICATE_LINES = text(
+    """
+    SELECT count(*) OVER (), line, recipient, first
+      FROM (SELECT line, recipient,
+                   min(line) OVER (PARTITION BY recipient) AS first
+              FROM (SELECT trim(c0) AS recipient, line FROM stage
+                     WHERE coalesce(trim(c0), '') <> '') AS s) AS d
+     WHERE line <> first
+     ORDER BY line
+     LIMIT :few
+    """
+)
+
+#: How many repeated lines an import names (it counts them all).
+DUPLICATES_NAMED = 5
 
 #: The role an audience query runs as: it reads only what operators GRANT it (migration 0010).
 AUDIENCE_ROLE = "notifier_audience"
@@ -71,12 +94,47 @@ CODES_FROM_STAGE = for_driver(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A CSV line skipped because an earlier line has its recipient."""
+
+    line: int
+    recipient: str
+    #: the line kept for that recipient
+    first_line: int
+
+
+@dataclass(frozen=True, slots=True)
+class AudienceImport:
+    """What a CSV import did."""
+
+    #: recipients new to the campaign
+    added: int
+    #: the CSV's other columns, each recipient's fields
+    fields: list[str]
+    #: lines skipped because an earlier line of the file has their recipient
+    duplicates: int
+    #: the first of those lines (up to ``DUPLICATES_NAMED``), in line order
+    examples: list[Duplicate]
+
+
+class DuplicateRecipients(ValueError):
+    """A CSV imported with ``refuse_duplicates`` repeats a recipient; nothing was imported."""
+
+
 def import_audience(
-    conn: Connection, campaign_id: int, rows: IO[str], recipient_column: str
-) -> tuple[list[str], int]:
+    conn: Connection,
+    campaign_id: int,
+    rows: IO[str],
+    recipient_column: str,
+    *,
+    refuse_duplicates: bool = False,
+) -> AudienceImport:
     """COPY a CSV audience in; its other columns become each recipient's fields.
 
-    Returns the field names and how many new recipients were staged.
+    A recipient on several lines is imported from its first; the later lines are counted and
+    the first few named, or with ``refuse_duplicates`` they raise ``DuplicateRecipients``
+    before anything is written.
     """
     reader = csv.reader(rows)
     header = next(reader, None)
@@ -96,26 +154,48 @@ def import_audience(
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = db.driver(conn)
     with raw.cursor() as cur:
-        columns = ", ".join(f"c{i} text" for i in range(len(order)))
-        cur.execute(f"CREATE TEMP TABLE stage ({columns}) ON COMMIT DROP")
-        with cur.copy(
-            f"COPY stage ({', '.join(f'c{i}' for i in range(len(order)))}) FROM STDIN"
-        ) as copy:
+        names = [f"c{i}" for i in range(len(order))]
+        columns = ", ".join(f"{c} text" for c in names)
+        cur.execute(f"CREATE TEMP TABLE stage ({columns}, line bigint) ON COMMIT DROP")
+        with cur.copy(f"COPY stage ({', '.join(names)}, line) FROM STDIN") as copy:
+            end = reader.line_num  # a record starts on the line after the last one's end
+            staged = 0  # records with a recipient, as STAGED reads them (trim() takes spaces)
             for record in reader:
+                line, end = end + 1, reader.line_num
                 if len(record) != len(header):
                     raise ValueError(
                         f"audience CSV line {reader.line_num} has {len(record)} values;"
                         f" the header has {len(header)}"
                     )
-                copy.write_row([record[i] for i in order])
+                copy.write_row([*(record[i] for i in order), line])
+                staged += record[order[0]].strip(" ") != ""
+    duplicates, examples = _duplicates(conn) if refuse_duplicates else (0, [])
+    if duplicates:
+        first = examples[0]
+        raise DuplicateRecipients(
+            f"audience CSV line {first.line} repeats {first.recipient!r} from line"
+            f" {first.first_line} ({duplicates} repeated lines in all); nothing was imported:"
+            " remove the repeats, or import keeping each recipient's first line"
+        )
     pairs = ", ".join(f"CAST(:f{i} AS text), c{i + 1}" for i in range(len(fields)))
     expression = f"jsonb_build_object({pairs})" if fields else "'{}'::jsonb"
     params: dict[str, Any] = {"id": campaign_id}
     params.update({f"f{i}": name for i, name in enumerate(fields)})
-    source = STAGED.format(fields=expression)
-    added = int(conn.execute(text(NEW_RECIPIENTS.format(source=source)), params).rowcount)
+    statement = NEW_RECIPIENTS.format(source=STAGED.format(fields=expression), first=", line")
+    added = int(conn.execute(text(statement), params).rowcount)
+    if added < staged and not refuse_duplicates:
+        # Some lines gave no new recipient: repeats, or recipients the campaign had. When every
+        # line gave one (a first import without repeats), the stage need not be read again.
+        duplicates, examples = _duplicates(conn)
     conn.execute(text("DROP TABLE stage"))
-    return fields, added
+    return AudienceImport(added, fields, duplicates, examples)
+
+
+def _duplicates(conn: Connection) -> tuple[int, list[Duplicate]]:
+    """How many staged lines repeat an earlier line's recipient, and the first few."""
+    rows = conn.execute(DUPLICATE_LINES, {"few": DUPLICATES_NAMED}).all()
+    examples = [Duplicate(int(line), str(r), int(first)) for _, line, r, first in rows]
+    return (int(rows[0][0]) if rows else 0), examples
 
 
 def audience_from_query(
@@ -149,7 +229,7 @@ def audience_from_query(
             raise ValueError(_refused(exc, timeout)) from None
         finally:
             reader.invalidate()  # closed, not pooled: whatever the query set or locked goes with it
-    statement = text(NEW_RECIPIENTS.format(source=STAGED_QUERY))
+    statement = text(NEW_RECIPIENTS.format(source=STAGED_QUERY, first=""))
     added = int(conn.execute(statement, {"id": campaign_id}).rowcount)
     conn.execute(text("DROP TABLE stage"))
     return added

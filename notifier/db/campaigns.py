@@ -31,15 +31,17 @@ from sqlalchemy import Connection, text
 
 CREATE = text(
     """
-    INSERT INTO campaigns (name, channel, subject, body, payload, priority, max_attempts)
-    VALUES (:name, :channel, :subject, :body, CAST(:payload AS jsonb), :priority, :max_attempts)
+    INSERT INTO campaigns
+           (name, channel, subject, body, template, locale, payload, priority, max_attempts)
+    VALUES (:name, :channel, :subject, :body, :template, :locale, CAST(:payload AS jsonb),
+            :priority, :max_attempts)
     RETURNING id
     """
 )
 
 BY_NAME = text(
-    "SELECT id, name, channel, subject, body, payload, status, priority, max_attempts"
-    " FROM campaigns WHERE name = :name"
+    "SELECT id, name, channel, subject, body, payload, status, priority, max_attempts,"
+    " template, locale FROM campaigns WHERE name = :name"
 )
 
 SET_STATUS = text(
@@ -76,7 +78,9 @@ BY_STATUS = text(
 
 MISSING_FIELD = text(
     """
-    SELECT recipient FROM campaign_recipients
+    SELECT recipient, ARRAY(SELECT name FROM unnest(CAST(:names AS text[])) AS name
+                             WHERE NOT fields ? name)
+      FROM campaign_recipients
      WHERE campaign_id = :id AND NOT (fields ?& CAST(:names AS text[]))
      LIMIT 1
     """
@@ -87,16 +91,18 @@ LAST_POSITION = text(
 )
 
 # {subject} and {body} are SQL expressions built by ``notifier.campaigns.render_sql`` from the
-# campaign's templates; only bound parameters and fixed column names go into them.
+# campaign's templates; only bound parameters and fixed column names go into them. {payload} is
+# one of the two below.
 FAN_OUT = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id,
-            next_attempt_at)
+            next_attempt_at, template, locale)
     SELECT :channel, r.recipient, {subject}, {body},
-           CAST(:payload AS jsonb) || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
-                                            ELSE jsonb_build_object('code', k.code) END,
+           {payload} || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
+                             ELSE jsonb_build_object('code', k.code) END,
            :priority, :max_attempts, :id,
-           CASE WHEN :parked THEN 'infinity'::timestamptz ELSE CAST(:due AS timestamptz) END
+           CASE WHEN :parked THEN 'infinity'::timestamptz ELSE CAST(:due AS timestamptz) END,
+           CAST(:template AS text), CAST(:locale AS text)
       FROM campaign_recipients r
       LEFT JOIN campaign_codes k
              ON k.campaign_id = :id AND k.position = r.position
@@ -104,6 +110,15 @@ FAN_OUT = """
      WHERE r.campaign_id = :id AND r.position > :after AND r.position <= :upto
     {on_conflict}
 """
+
+# A campaign filled in by the fan-out carries its payload (with ``campaign``) and the code. A
+# campaign that names a stored template gives the worker what that template renders from: the
+# recipient's fields, ``campaign`` and ``recipient`` (over fields of those names), and the code.
+PAYLOAD = "CAST(:payload AS jsonb)"
+TEMPLATED_PAYLOAD = (
+    "CAST(:payload AS jsonb) || r.fields"
+    " || jsonb_build_object('campaign', CAST(:name AS text), 'recipient', r.recipient)"
+)
 
 # Skipping the rows a chunk already has costs a fifth of its time (a speculative insertion per
 # row), so only a chunk that has some pays for it. Launches of a campaign take turns (a session
@@ -160,6 +175,37 @@ UNPARK = text(
     """
 )
 
+# A running campaign's first step to ``finished``: hold it against a launch (the session lock
+# ``LOCK_LAUNCH`` takes; shared, and only if free) until the transaction ends. A launch under way
+# keeps its campaign out; one that starts now waits for the commit.
+FINISH_CANDIDATES = text(
+    """
+    SELECT id FROM campaigns
+     WHERE status = 'running' AND (CAST(:id AS bigint) IS NULL OR id = CAST(:id AS bigint))
+       AND pg_try_advisory_xact_lock_shared(hashtext('notifier.launch'), CAST(id AS int))
+    """
+)
+
+# Then, in a statement of its own (its snapshot sees every row a launch that ended before the
+# lock wrote): fully launched (the chunks, which never overlap, cover every audience position)
+# and no row pending or processing. The last test reads the campaign's rows through
+# notifications_campaign_recipient backwards: a campaign being sent goes out in position
+# order, so its unsent rows are at that end and one probe usually settles it.
+FINISH = text(
+    """
+    UPDATE campaigns AS c SET status = 'finished', updated_at = now()
+     WHERE c.id = ANY(CAST(:ids AS bigint[])) AND c.status = 'running'
+       AND (SELECT coalesce(sum(last_position - first_position + 1), 0)
+              FROM campaign_chunks WHERE campaign_id = c.id)
+           >= (SELECT coalesce(max(position), 0)
+                 FROM campaign_recipients WHERE campaign_id = c.id)
+       AND (SELECT 1 FROM notifications AS n
+             WHERE n.campaign_id = c.id AND n.status IN ('pending', 'processing')
+             ORDER BY n.campaign_id DESC, n.recipient DESC LIMIT 1) IS NULL
+    RETURNING c.name
+    """
+)
+
 CANCEL_UNSENT = text(
     """
     UPDATE notifications
@@ -181,6 +227,9 @@ class CampaignRow:
     status: str
     priority: int
     max_attempts: int
+    #: a stored template each row names instead of a subject and body, and its locale
+    template: str | None = None
+    locale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +274,12 @@ def counts(conn: Connection, campaign_id: int) -> Counts:
     return Counts(recipients, codes, given, int(notifications), by_status, retrying)
 
 
-def recipient_missing(conn: Connection, campaign_id: int, names: Sequence[str]) -> str | None:
-    """A recipient whose fields lack one of ``names``, if any."""
+def recipient_missing(
+    conn: Connection, campaign_id: int, names: Sequence[str]
+) -> tuple[str, list[str]] | None:
+    """A recipient whose fields lack some of ``names``, and which, if there is one."""
     row = conn.execute(MISSING_FIELD, {"id": campaign_id, "names": list(names)}).first()
-    return None if row is None else str(row[0])
+    return None if row is None else (str(row[0]), [str(name) for name in row[1]])
 
 
 def last_position(conn: Connection, campaign_id: int) -> tuple[int, datetime]:
@@ -270,10 +321,16 @@ def fan_out(
     chunk = {"id": campaign.id, "after": after, "upto": upto}
     started = not fresh and bool(conn.execute(CHUNK_STARTED, chunk).scalar_one())
     sql = FAN_OUT.format(
-        subject=subject_sql, body=body_sql, on_conflict=ON_CONFLICT if started else ""
+        subject=subject_sql,
+        body=body_sql,
+        payload=PAYLOAD if campaign.template is None else TEMPLATED_PAYLOAD,
+        on_conflict=ON_CONFLICT if started else "",
     )
     values = {
         **params,
+        "name": campaign.name,
+        "template": campaign.template,
+        "locale": campaign.locale,
         "channel": campaign.channel,
         "payload": payload_json,
         "priority": campaign.priority,
@@ -334,3 +391,13 @@ def unpark(conn: Connection, campaign_id: int) -> int:
 
 def cancel_unsent(conn: Connection, campaign_id: int) -> int:
     return int(conn.execute(CANCEL_UNSENT, {"id": campaign_id}).rowcount)
+
+
+def finish(conn: Connection, campaign_id: int | None = None) -> list[str]:
+    """Mark ``finished`` each running campaign (or just ``campaign_id``) that is fully launched
+    and has no row pending or processing; the names of those it marked. Takes two statements,
+    so run it in a transaction of its own."""
+    ids = list(conn.execute(FINISH_CANDIDATES, {"id": campaign_id}).scalars())
+    if not ids:
+        return []
+    return [str(name) for name in conn.execute(FINISH, {"ids": ids}).scalars()]

@@ -18,6 +18,7 @@ import redis
 from celery import signals
 
 from notifier import db, health, ops
+from notifier.campaigns import Campaigns
 from notifier.db.rescue import rescue_expired
 from notifier.settings import get_settings
 from notifier.worker.app import app
@@ -30,7 +31,7 @@ from notifier.worker.runtime import (
 )
 from notifier.worker.wakeup import Waker
 
-__all__ = ["app", "dispatch", "purge", "rescue"]
+__all__ = ["app", "dispatch", "finish_campaigns", "purge", "rescue"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,15 @@ def rescue() -> dict[str, int]:
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts
+
+
+@app.task(name="notifier.finish_campaigns")
+def finish_campaigns() -> list[str]:
+    """Mark ``finished`` the running campaigns whose every notification is final."""
+    names = Campaigns(db.engine()).finish()
+    for name in names:
+        log.info("campaign %r finished: every notification is sent, dead or cancelled", name)
+    return names
 
 
 @app.task(name="notifier.purge")

@@ -230,7 +230,7 @@ def test_a_field_missing_for_a_recipient_stops_the_launch_before_anything_is_wri
     campaigns.create("typo", "null", body="Hello {first_name}")
     campaigns.import_audience("typo", _csv(10), "email")
     with pytest.raises(
-        CampaignError, match=r"no value for one of the template's fields \(first_name\)"
+        CampaignError, match=r"has no value for 'first_name', which the template uses"
     ):
         campaigns.launch("typo")
     assert _one(engine, "SELECT count(*) FROM notifications") == (0,)

@@ -7,6 +7,7 @@ test and they are dropped afterwards.
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,6 +139,28 @@ def test_a_worker_dispatches_rescues_and_purges_but_writes_no_rows(
     finally:
         worker.dispose()
     assert _one(engine, "SELECT count(*) FROM notification_attempts WHERE outcome = 'sent'") == 20
+
+
+def test_a_worker_marks_a_campaign_finished_and_changes_nothing_else_of_it(
+    engine: Engine, settings: Settings, login: Callable[[str], str]
+) -> None:
+    campaigns = Campaigns(engine)
+    campaigns.create("spring", "null", body="hi")
+    campaigns.import_audience(
+        "spring", io.StringIO("email\na@example.com\nb@example.com\n"), "email"
+    )
+    campaigns.launch("spring")
+    worker = db.make_engine(login("notifier_worker"))
+    try:
+        dispatcher = Dispatcher(worker, registry_of([NullProvider(Settings())]), settings)
+        assert dispatcher.run_once().sent == 2
+        dispatcher.close()
+        assert Campaigns(worker).finish() == ["spring"]
+        with pytest.raises(Exception, match="permission denied"), worker.begin() as conn:
+            conn.execute(text("UPDATE campaigns SET body = 'changed'"))
+    finally:
+        worker.dispose()
+    assert _one(engine, "SELECT status || ' ' || body FROM campaigns") == "finished hi"
 
 
 def test_an_operator_requeues_purges_and_runs_a_campaign(
