@@ -7,6 +7,7 @@ operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER
 from celery.schedules import crontab
 
 from notifier.settings import SettingsError, get_settings
+from notifier.status_webhook import BEAT_SECONDS
 
 try:
     _settings = get_settings()
@@ -76,3 +77,10 @@ beat_schedule = {
         "options": {"expires": 3600},
     },
 }
+# Only with a status webhook: without one, nothing is scheduled and no event is written.
+if _settings.status_webhook_url:
+    beat_schedule["status-webhook"] = {
+        "task": "notifier.status_webhook",
+        "schedule": BEAT_SECONDS,
+        "options": {"expires": BEAT_SECONDS * 0.9},
+    }

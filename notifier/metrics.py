@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from notifier.db import ops as ops_db
+from notifier.db import status_events
 from notifier.models import Attempt
 from notifier.providers import Registry
 
@@ -176,6 +177,30 @@ class NotifierCollector(Collector):
             ("notifier_dead_last_hour", "Rows that went dead in the last hour.", g.dead_last_hour),
         ):
             yield GaugeMetricFamily(name, text, value=value)
+        yield from _status_events(self.engine)
+
+
+def _status_events(engine: Engine) -> Iterable[GaugeMetricFamily]:
+    """The status webhook's outbox: events waiting, being sent, given up."""
+    try:
+        with engine.connect() as conn:
+            c = status_events.counts(conn)
+    except Exception as exc:
+        log.warning("metrics: database unreachable (%s); status events left out", exc)
+        return
+    family = GaugeMetricFamily(
+        "notifier_status_events",
+        "Status webhook events by state: pending, processing, dead (sent ones are not counted).",
+        labels=["status"],
+    )
+    for status, value in (("pending", c.pending), ("processing", c.processing), ("dead", c.dead)):
+        family.add_metric([status], value)
+    yield family
+    yield GaugeMetricFamily(
+        "notifier_status_events_oldest_seconds",
+        "How long the oldest pending status webhook event has waited.",
+        value=c.oldest_pending_seconds,
+    )
 
 
 def _decode(raw: object) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from notifier import db, health, ops
+from notifier import db, health, ops, status_webhook
 from notifier.db.rescue import rescue_expired
 from notifier.settings import get_settings
 from notifier.worker.app import app
@@ -30,7 +30,7 @@ from notifier.worker.runtime import (
 )
 from notifier.worker.wakeup import Waker
 
-__all__ = ["app", "dispatch", "purge", "rescue"]
+__all__ = ["app", "dispatch", "purge", "rescue", "send_status_events"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,16 @@ def _start_waker(**_: Any) -> None:
         _keep_one_waiting()
     except redis.RedisError as exc:  # the broker is down too: the first beat after it does it
         log.warning("could not ask for a dispatch at start: %s", exc)
+
+
+@signals.worker_ready.connect
+def _configure_status_webhook(**_: Any) -> None:
+    """Switch the trigger that writes status events to this worker's settings (off without
+    ``NOTIFIER_STATUS_WEBHOOK_URL``); with a URL, every delivery tries again."""
+    try:
+        status_webhook.configure(db.engine(), get_settings())
+    except Exception as exc:  # the lock was busy or the database away: not worth not starting
+        log.warning("could not switch the status webhook's events: %s", exc)
 
 
 @signals.worker_shutdown.connect
@@ -96,6 +106,14 @@ def rescue() -> dict[str, int]:
     if any(counts.values()):
         log.warning("rescued rows with expired leases: %s", counts)
     return counts
+
+
+@app.task(name="notifier.status_webhook")
+def send_status_events() -> int:
+    """POST the status webhook's due events (``notifier.status_webhook``)."""
+    settings = get_settings()
+    budget = settings.dispatch_budget_seconds
+    return status_webhook.deliver(db.engine(), settings, budget_seconds=budget).sent
 
 
 @app.task(name="notifier.purge")
