@@ -36,6 +36,9 @@ DELIVERY = ("delivered", "undelivered", "bounced", "complained")
 
 # One statement-level trigger, so an outcome write of a thousand rows inserts its events with
 # one INSERT ... SELECT over the statement's transition tables, not a thousand function calls.
+# Most statements finish no row (claims, retries): one pass over the new rows says so. The
+# INSERT is planned at each run (EXECUTE), for the transition tables' real sizes: a plan cached
+# from a one-row statement would join a thousand rows by nested loop.
 # SECURITY DEFINER: producers, operators and the events endpoint fire it, and none of them may
 # write events themselves (a producer could otherwise forge another producer's). No SET clause,
 # which would cost a change of search_path on every statement: the table is named with its
@@ -45,19 +48,25 @@ EVENTS = """
     LANGUAGE plpgsql SECURITY DEFINER
     AS $$
     BEGIN
-        INSERT INTO {schema}.status_events
-               (notification_id, kind, state, channel, dedupe_key, detail, occurred_at)
-        SELECT n.id, 'status', n.status, n.channel, n.dedupe_key, n.last_error,
-               coalesce(n.sent_at, now())
-          FROM notifier_new n JOIN notifier_old o ON o.id = n.id
-         WHERE n.status IS DISTINCT FROM o.status AND n.status = ANY (TG_ARGV)
-        UNION ALL
-        SELECT n.id, 'delivery', n.delivery_status, n.channel, n.dedupe_key,
-               n.delivery_detail, n.delivery_at
-          FROM notifier_new n JOIN notifier_old o ON o.id = n.id
-         WHERE n.delivery_status IS DISTINCT FROM o.delivery_status
-           AND n.delivery_status = ANY (TG_ARGV)
-         ORDER BY 1;
+        IF NOT EXISTS (SELECT 1 FROM notifier_new
+                        WHERE status = ANY (TG_ARGV) OR delivery_status = ANY (TG_ARGV)) THEN
+            RETURN NULL;
+        END IF;
+        EXECUTE $q$
+            INSERT INTO {schema}.status_events
+                   (notification_id, kind, state, channel, dedupe_key, detail, occurred_at)
+            SELECT n.id, 'status', n.status, n.channel, n.dedupe_key, n.last_error,
+                   coalesce(n.sent_at, now())
+              FROM notifier_new n JOIN notifier_old o ON o.id = n.id
+             WHERE n.status IS DISTINCT FROM o.status AND n.status = ANY ($1)
+            UNION ALL
+            SELECT n.id, 'delivery', n.delivery_status, n.channel, n.dedupe_key,
+                   n.delivery_detail, n.delivery_at
+              FROM notifier_new n JOIN notifier_old o ON o.id = n.id
+             WHERE n.delivery_status IS DISTINCT FROM o.delivery_status
+               AND n.delivery_status = ANY ($1)
+             ORDER BY 1
+        $q$ USING TG_ARGV;
         RETURN NULL;
     END
     $$
