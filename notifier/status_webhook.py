@@ -50,7 +50,7 @@ from notifier.settings import Settings, status_events
 log = logging.getLogger(__name__)
 
 #: Events claimed, and POSTed at once, per batch.
-BATCH_SIZE = 50
+BATCH_SIZE = 100
 #: Seconds between two beat-fired deliveries (``celeryconfig``).
 BEAT_SECONDS = 5.0
 #: Added to the longest a batch's POSTs can take, for the lease of its claim.
