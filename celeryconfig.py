@@ -77,10 +77,12 @@ beat_schedule = {
         "options": {"expires": 3600},
     },
 }
-# Only with a status webhook: without one, nothing is scheduled and no event is written.
+# Only with a status webhook: without one, nothing is scheduled and no event is written. While
+# a backlog keeps every pool process dispatching, a trigger waits for one to finish its budget:
+# it must not expire before, or events would wait for the backlog's end.
 if _settings.status_webhook_url:
     beat_schedule["status-webhook"] = {
         "task": "notifier.status_webhook",
         "schedule": BEAT_SECONDS,
-        "options": {"expires": BEAT_SECONDS * 0.9},
+        "options": {"expires": _settings.dispatch_budget_seconds + 2 * BEAT_SECONDS},
     }

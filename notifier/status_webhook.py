@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 import yarl
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from notifier import eventloop
 from notifier.db import status_events as queries
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 
 #: Events claimed, and POSTed at once, per batch.
 BATCH_SIZE = 100
-#: Seconds between two beat-fired deliveries (``celeryconfig``).
+#: Seconds between two beat-fired deliveries (``celeryconfig``), and how long one keeps
+#: starting batches: it holds a worker process the dispatches could use meanwhile.
 BEAT_SECONDS = 5.0
 #: Added to the longest a batch's POSTs can take, for the lease of its claim.
 LEASE_MARGIN_SECONDS = 60.0
@@ -115,7 +117,10 @@ def deliver(engine: Engine, settings: Settings, budget_seconds: float | None = N
     except ValueError as exc:  # events wait, unsent, until the setting is fixed
         log.error("status webhook not sent: %s", exc)
         return report
-    configure(engine, settings)  # a worker whose start could not take the lock tries again
+    try:  # a worker whose start could not take the lock tries again
+        configure(engine, settings)
+    except DBAPIError as exc:  # the events already written go out all the same
+        log.warning("could not switch the status webhook's events: %s", exc)
     limit = settings.webhook_timeout
     lease = 3 * limit + LEASE_MARGIN_SECONDS
     started = time.monotonic()

@@ -111,9 +111,8 @@ def rescue() -> dict[str, int]:
 @app.task(name="notifier.status_webhook")
 def send_status_events() -> int:
     """POST the status webhook's due events (``notifier.status_webhook``)."""
-    settings = get_settings()
-    budget = settings.dispatch_budget_seconds
-    return status_webhook.deliver(db.engine(), settings, budget_seconds=budget).sent
+    budget = status_webhook.BEAT_SECONDS
+    return status_webhook.deliver(db.engine(), get_settings(), budget_seconds=budget).sent
 
 
 @app.task(name="notifier.purge")
