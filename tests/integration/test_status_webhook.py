@@ -487,7 +487,7 @@ def test_purge_deletes_sent_and_dead_events_past_retention(
 
 def test_the_migration_goes_down_and_up_again(engine: Engine, settings: Settings) -> None:
     _with_events(engine, settings, "http://127.0.0.1:9/hook", "k")
-    migrate(engine, "0014")
+    migrate(engine, "0015")
     with engine.connect() as conn:
         left = conn.execute(
             text(
@@ -503,3 +503,23 @@ def test_the_migration_goes_down_and_up_again(engine: Engine, settings: Settings
     migrate(engine, "head")
     assert _trigger_enabled(engine) is False
     assert _events(engine) == []
+
+
+def test_the_worker_role_switches_the_trigger_and_works_the_outbox(
+    engine: Engine, settings: Settings
+) -> None:
+    _rows(engine, "k")
+    token = uuid.uuid4()
+    with engine.connect() as conn:
+        conn.execute(text("SET LOCAL ROLE notifier_worker"))
+        assert queries.configure(conn, ["cancelled"])
+        assert queries.configured(conn) == ["cancelled"]
+        conn.execute(
+            text("UPDATE notifications SET status = 'cancelled', last_error = 'x' WHERE id > 0")
+        )
+        [event] = queries.claim(conn, token, 10, 60)
+        assert queries.mark_sent(conn, token, [event.id]) == 1
+        assert queries.counts(conn).pending == 0
+        conn.commit()
+    assert [s for *_, s in _events(engine)] == ["sent"]
+    assert _trigger_enabled(engine) is True
