@@ -6,20 +6,23 @@ them. ``deliver`` (the ``notifier.status_webhook`` task, fired by beat every few
 
 * takes back events whose sender stopped before recording an answer (their lease ran out);
 * claims up to ``BATCH_SIZE`` due events in one statement, oldest first, counting the attempt;
-* POSTs them, **one event per request**, all of a batch at once on the process's event loop,
-  outside any transaction, each within ``NOTIFIER_WEBHOOK_TIMEOUT`` to connect and for each
-  read and three times that in all; a receiver that hangs on one event holds back nothing else;
-* records the answers in one transaction: 2xx ``sent``; a network error, a timeout, 408, 429
-  or 5xx ``pending`` again after the retry policy's backoff (honouring ``Retry-After``), or
-  ``dead`` once ``NOTIFIER_STATUS_WEBHOOK_MAX_ATTEMPTS`` are spent; a redirect (never followed)
-  or another 4xx ``dead`` at once. A dead event keeps why in ``last_error``.
+* POSTs them, **up to ``EVENTS_PER_POST`` events per request** (``{"events": [...]}``), every
+  request of a batch at once on the process's event loop, outside any transaction, each within
+  ``NOTIFIER_WEBHOOK_TIMEOUT`` to connect and for each read and three times that in all; a
+  request the receiver hangs on holds back no other;
+* records the answers in one transaction, each request's for all its events: 2xx ``sent``; a
+  network error, a timeout, 408, 429 or 5xx ``pending`` again after the retry policy's backoff
+  (honouring ``Retry-After``), or ``dead`` once ``NOTIFIER_STATUS_WEBHOOK_MAX_ATTEMPTS`` are
+  spent; a redirect (never followed) or another 4xx ``dead`` at once. A dead event keeps why in
+  ``last_error``.
 
-One event per request, rather than batches, so that each event has one ``webhook-id`` the
-receiver deduplicates by and one answer that decides its fate: a receiver that refuses one
-event does not hold back or re-send the others. Requests are signed like the ``webhook``
-channel's (``notifier.providers.webhook``), with ``NOTIFIER_STATUS_WEBHOOK_SECRET``.
-Delivery is at least once: an answer lost on the way, or a sender stopped between the POST and
-its record, sends the event again under the same id.
+Several events per request, because one POST per event cost a worker more than the send it
+reports (a busy drain's rate halved); a receiver stores a request's events together or answers
+an error for them all. Each event carries its own ``id`` the receiver deduplicates by: a retry
+may group events differently, so the request's ``webhook-id`` names only the request. Requests
+are signed like the ``webhook`` channel's (``notifier.providers.webhook``), with
+``NOTIFIER_STATUS_WEBHOOK_SECRET``. Delivery is at least once: an answer lost on the way, or a
+sender stopped between the POST and its record, sends the events again under the same ids.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ from notifier.settings import Settings, status_events
 
 log = logging.getLogger(__name__)
 
-#: Events claimed, and POSTed at once, per batch.
-BATCH_SIZE = 100
+#: Events claimed per batch; its requests are POSTed at once.
+BATCH_SIZE = 500
+#: Events one request carries at most.
+EVENTS_PER_POST = 100
 #: Seconds between two beat-fired deliveries (``celeryconfig``), and how long one keeps
 #: starting batches: it holds a worker process the dispatches could use meanwhile.
 BEAT_SECONDS = 5.0
@@ -82,9 +87,13 @@ def configure(engine: Engine, settings: Settings) -> bool:
     return changed
 
 
-def body(event: Event) -> bytes:
-    """The JSON document POSTed for one event (README "Delivery feedback")."""
-    document: dict[str, Any] = {
+def body(events: Sequence[Event]) -> bytes:
+    """The JSON document POSTed for some events (README "Delivery feedback")."""
+    return json.dumps({"events": [_document(e) for e in events]}, separators=(",", ":")).encode()
+
+
+def _document(event: Event) -> dict[str, Any]:
+    return {
         "id": event_id(event.id),
         "type": f"notification.{event.kind}",
         "notification_id": event.notification_id,
@@ -94,15 +103,24 @@ def body(event: Event) -> bytes:
         "detail": event.detail,
         "at": event.occurred_at.isoformat(),
     }
-    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def event_id(row_id: int) -> str:
-    """An event's id, its ``webhook-id``: the same on every attempt."""
+    """An event's id: the same on every attempt, whichever request carries it."""
     return f"status-event-{row_id}"
 
 
-def deliver(engine: Engine, settings: Settings, budget_seconds: float | None = None) -> Report:
+def request_id(events: Sequence[Event]) -> str:
+    """A request's ``webhook-id``: its first and last events'."""
+    return f"status-events-{events[0].id}-{events[-1].id}"
+
+
+def deliver(
+    engine: Engine,
+    settings: Settings,
+    budget_seconds: float | None = None,
+    per_post: int = EVENTS_PER_POST,
+) -> Report:
     """Send due events, batch after batch, until none is due or ``budget_seconds`` is spent."""
     report = Report()
     if not settings.status_webhook_url:
@@ -135,7 +153,7 @@ def deliver(engine: Engine, settings: Settings, budget_seconds: float | None = N
         if not events:
             break
         took = time.monotonic()
-        outcomes = eventloop.run(_post_all(url, key, events, limit))
+        outcomes = eventloop.run(_post_all(url, key, events, limit, per_post))
         batch = _record(engine, settings, token, events, outcomes)
         log.info(
             "status webhook claimed=%d sent=%d retried=%d dead=%d took=%.2fs",
@@ -172,12 +190,14 @@ def requeue_dead(engine: Engine, ids: Sequence[int] | None = None) -> int:
 
 
 async def _post_all(
-    url: yarl.URL, key: bytes | None, events: Sequence[Event], limit: float
+    url: yarl.URL, key: bytes | None, events: Sequence[Event], limit: float, per_post: int
 ) -> list[Outcome]:
+    """Each event's outcome: that of the request that carried it."""
     timeouts = aiohttp.ClientTimeout(
         total=3 * limit, connect=limit, sock_connect=limit, sock_read=limit
     )
-    connector = aiohttp.TCPConnector(limit=len(events))
+    requests = [events[i : i + per_post] for i in range(0, len(events), per_post)]
+    connector = aiohttp.TCPConnector(limit=len(requests))
     async with aiohttp.ClientSession(
         connector=connector,
         timeout=timeouts,
@@ -185,9 +205,10 @@ async def _post_all(
         auto_decompress=False,  # an answer is read raw and bounded, never decompressed
         trust_env=False,
     ) as session:
-        return await asyncio.gather(
-            *(post(session, url, event_id(e.id), body(e), key) for e in events)
+        answers = await asyncio.gather(
+            *(post(session, url, request_id(r), body(r), key) for r in requests)
         )
+    return [answer for r, answer in zip(requests, answers, strict=True) for _ in r]
 
 
 def _record(

@@ -108,11 +108,24 @@ def rescue() -> dict[str, int]:
     return counts
 
 
+#: Set while a status webhook run is under way: one at a time, so a receiver that hangs holds
+#: one worker process at most, and triggers queued behind a backlog return at once.
+STATUS_WEBHOOK_FLAG = "notifier:status_webhook:running"
+
+
 @app.task(name="notifier.status_webhook")
 def send_status_events() -> int:
-    """POST the status webhook's due events (``notifier.status_webhook``)."""
+    """POST the status webhook's due events (``notifier.status_webhook``), one run at a time."""
+    settings = get_settings()
     budget = status_webhook.BEAT_SECONDS
-    return status_webhook.deliver(db.engine(), get_settings(), budget_seconds=budget).sent
+    longest = budget + 3 * settings.webhook_timeout + 60  # the flag outlives a run that died
+    if not redis_client().set(STATUS_WEBHOOK_FLAG, 1, nx=True, ex=int(longest)):
+        return 0
+    try:
+        return status_webhook.deliver(db.engine(), settings, budget_seconds=budget).sent
+    finally:
+        with contextlib.suppress(redis.RedisError):  # it expires by itself
+            redis_client().delete(STATUS_WEBHOOK_FLAG)
 
 
 @app.task(name="notifier.purge")

@@ -268,7 +268,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.mark.timeout(60)
-def test_events_are_posted_one_each_signed_as_webhooks_are(
+def test_events_are_posted_together_signed_as_webhooks_are(
     engine: Engine, settings: Settings, receiver: Receiver
 ) -> None:
     on = _on(settings, receiver.url)
@@ -280,37 +280,52 @@ def test_events_are_posted_one_each_signed_as_webhooks_are(
     report = status_webhook.deliver(engine, on)
 
     assert (report.claimed, report.sent) == (2, 2)
-    assert len(receiver.requests) == 2
+    [(headers, body)] = receiver.requests
     with engine.connect() as conn:
         ids = conn.execute(text("SELECT id FROM status_events ORDER BY id")).scalars().all()
-    bodies = []
-    arrived = sorted(receiver.requests, key=lambda r: int(r[0]["webhook-id"].rsplit("-")[-1]))
-    for (headers, body), row_id in zip(arrived, ids, strict=True):  # sent at once, any order
-        assert headers["webhook-id"] == f"status-event-{row_id}"
-        assert verify(SECRET, headers, body)
-        assert not verify(SECRET, headers, body.replace(b"notification.", b"notification!"))
-        bodies.append(json.loads(body))
-    assert bodies[0] == {
+    assert headers["webhook-id"] == f"status-events-{ids[0]}-{ids[1]}"
+    assert verify(SECRET, headers, body)
+    assert not verify(SECRET, headers, body.replace(b"notification.", b"notification!"))
+    first, second = json.loads(body)["events"]
+    assert first == {
         "id": f"status-event-{ids[0]}",
         "type": "notification.status",
-        "notification_id": bodies[0]["notification_id"],
+        "notification_id": first["notification_id"],
         "dedupe_key": "a",
         "channel": "null",
         "state": "cancelled",
         "detail": "user confirmed",
-        "at": bodies[0]["at"],
+        "at": first["at"],
     }
-    assert (bodies[1]["dedupe_key"], bodies[1]["state"], bodies[1]["detail"]) == ("b", "sent", None)
-    assert datetime.fromisoformat(bodies[1]["at"]).tzinfo is not None
+    assert (second["id"], second["dedupe_key"], second["state"], second["detail"]) == (
+        f"status-event-{ids[1]}",
+        "b",
+        "sent",
+        None,
+    )
+    assert datetime.fromisoformat(second["at"]).tzinfo is not None
     assert {s for *_, s in _events(engine)} == {"sent"}
     assert status_webhook.deliver(engine, on).claimed == 0  # nothing is sent twice
 
 
+@pytest.mark.timeout(60)
+def test_a_batch_goes_out_in_requests_of_at_most_a_hundred_events(
+    engine: Engine, settings: Settings, receiver: Receiver
+) -> None:
+    keys = [f"k{i}" for i in range(250)]
+    on = _with_events(engine, settings, receiver.url, *keys)
+    assert status_webhook.deliver(engine, on).sent == 250
+    sizes = sorted(len(json.loads(body)["events"]) for _, body in receiver.requests)
+    assert sizes == [50, 100, 100]
+    ids = [e["id"] for _, body in receiver.requests for e in json.loads(body)["events"]]
+    assert len(set(ids)) == 250
+
+
 class _Faulty(ThreadingHTTPServer):
-    """Answers each event as ``plan`` says for its row's dedupe key, and records it did."""
+    """Answers each request as ``plan`` says for its event's dedupe key, and records it did."""
 
     daemon_threads = True
-    request_queue_size = 64  # every event of a batch connects at once
+    request_queue_size = 64  # every request of a batch connects at once
     plan: dict[str, str]
     seen: list[str]
     huge_written: int
@@ -326,7 +341,8 @@ class _FaultyHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        what = self.server.plan.get(json.loads(body)["dedupe_key"], "ok")
+        [event] = json.loads(body)["events"]
+        what = self.server.plan.get(event["dedupe_key"], "ok")
         self.server.seen.append(what)
         if what == "hang":
             self.server.stopping.wait(30)
@@ -373,7 +389,7 @@ def faulty() -> Iterator[_Faulty]:
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_receiver_holds_back_only_the_event_it_mistreats(
+def test_a_bad_receiver_holds_back_only_the_request_it_mistreats(
     engine: Engine, settings: Settings, faulty: _Faulty
 ) -> None:
     url = f"http://127.0.0.1:{faulty.server_address[1]}/status"
@@ -382,7 +398,7 @@ def test_a_bad_receiver_holds_back_only_the_event_it_mistreats(
     on = _with_events(engine, settings, url, *faulty.plan, "ok-1", "ok-2", "ok-3")
 
     started = time.monotonic()
-    report = status_webhook.deliver(engine, on)
+    report = status_webhook.deliver(engine, on, per_post=1)  # a request per event
     took = time.monotonic() - started
 
     assert sorted(faulty.seen) == sorted([*faulty.plan.values(), "ok", "ok", "ok"])
