@@ -121,7 +121,9 @@ def deliver(
     budget_seconds: float | None = None,
     per_post: int = EVENTS_PER_POST,
 ) -> Report:
-    """Send due events, batch after batch, until none is due or ``budget_seconds`` is spent."""
+    """Send due events, batch after batch, until none is due or ``budget_seconds`` is spent;
+    with a budget, only one batch while due notifications wait: they go first, and the events
+    they make follow once the backlog is gone."""
     report = Report()
     if not settings.status_webhook_url:
         return report
@@ -146,7 +148,9 @@ def deliver(
         rescued = queries.rescue(conn, settings.status_webhook_max_attempts)
     if rescued:
         log.warning("status webhook: took back %d events whose sender stopped", rescued)
-    while budget_seconds is None or time.monotonic() - started < budget_seconds:
+    with engine.connect() as conn:
+        one_batch = budget_seconds is not None and queries.backlog(conn)
+    while True:
         token = uuid.uuid4()
         with engine.begin() as conn:
             events = queries.claim(conn, token, BATCH_SIZE, lease)
@@ -166,7 +170,9 @@ def deliver(
         )
         for name, value in _fields(batch).items():
             setattr(report, name, getattr(report, name) + value)
-        if len(events) < BATCH_SIZE:
+        if len(events) < BATCH_SIZE or one_batch:
+            break
+        if budget_seconds is not None and time.monotonic() - started >= budget_seconds:
             break
     return report
 

@@ -84,6 +84,12 @@ MARK_DEAD = text(
     """
 )
 
+# Whether notifications wait to be sent, by the dispatcher's own partial index.
+BACKLOG = text(
+    "SELECT EXISTS (SELECT 1 FROM notifications WHERE status = 'pending'"
+    " AND next_attempt_at <= now())"
+)
+
 # Each count served by a partial index; sent events are not counted (they are many, and purged).
 COUNTS = text(
     """
@@ -174,6 +180,11 @@ def claim(conn: Connection, token: UUID, limit: int, lease_seconds: float) -> li
 def rescue(conn: Connection, max_attempts: int) -> int:
     """Events held past their lease -> ``pending`` (``dead`` when out of attempts); how many."""
     return rowcount(conn.execute(RESCUE, {"max_attempts": max_attempts}))
+
+
+def backlog(conn: Connection) -> bool:
+    """Whether due notifications wait: the status webhook then yields to the dispatches."""
+    return bool(conn.execute(BACKLOG).scalar_one())
 
 
 def mark_sent(conn: Connection, token: UUID, ids: Sequence[int]) -> int:

@@ -539,3 +539,19 @@ def test_the_worker_role_switches_the_trigger_and_works_the_outbox(
         conn.commit()
     assert [s for *_, s in _events(engine)] == ["sent"]
     assert _trigger_enabled(engine) is True
+
+
+@pytest.mark.timeout(60)
+def test_while_notifications_wait_a_run_sends_one_batch_of_events(
+    engine: Engine, settings: Settings, receiver: Receiver
+) -> None:
+    keys = [f"k{i}" for i in range(status_webhook.BATCH_SIZE + 20)]
+    on = _with_events(engine, settings, receiver.url, *keys)
+    _rows(engine, "due")  # a notification waiting to be sent: the dispatches go first
+    assert status_webhook.deliver(engine, on, budget_seconds=5).claimed == len(keys) - 20
+    assert status_webhook.deliver(engine, on).claimed == 20  # no budget: no yielding
+    _rows(engine, "more-1", "more-2")
+    _cancel(engine, "more-1")
+    _cancel(engine, "more-2")
+    _cancel(engine, "due")
+    assert status_webhook.deliver(engine, on, budget_seconds=5).claimed == 3
