@@ -7,6 +7,7 @@ operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER
 from celery.schedules import crontab
 
 from notifier.settings import SettingsError, get_settings
+from notifier.status_webhook import BEAT_SECONDS
 
 try:
     _settings = get_settings()
@@ -82,3 +83,12 @@ beat_schedule = {
         "options": {"expires": 3600},
     },
 }
+# Only with a status webhook: without one, nothing is scheduled and no event is written. While
+# a backlog keeps every pool process dispatching, a trigger waits for one to finish its budget:
+# it must not expire before, or events would wait for the backlog's end.
+if _settings.status_webhook_url:
+    beat_schedule["status-webhook"] = {
+        "task": "notifier.status_webhook",
+        "schedule": BEAT_SECONDS,
+        "options": {"expires": _settings.dispatch_budget_seconds + 2 * BEAT_SECONDS},
+    }

@@ -7,7 +7,8 @@ treats that as an ordinary counter reset.
 
 Key layout: ``notifier:metrics:attempts`` - a hash of ``channel|provider|outcome`` -> count;
 ``notifier:metrics:latency`` - a hash of ``channel|provider|le`` -> count per histogram bucket,
-plus ``channel|provider|sum`` and ``channel|provider|count``.
+plus ``channel|provider|sum`` and ``channel|provider|count``; ``notifier:metrics:events`` - a hash
+of ``provider|outcome`` -> count, written by the events endpoint (``notifier.events.app``).
 
 Label values are bounded: producers may write any string as a row's channel, so a channel or
 provider this deployment does not serve, or an outcome not in ``OUTCOMES``, is counted as
@@ -34,6 +35,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from notifier.db import ops as ops_db
+from notifier.db import status_events
 from notifier.models import Attempt
 from notifier.providers import Registry
 
@@ -41,6 +43,10 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS_KEY = "notifier:metrics:attempts"
 LATENCY_KEY = "notifier:metrics:latency"
+EVENTS_KEY = "notifier:metrics:events"
+#: The events endpoint's routes that count requests, and what became of them.
+EVENT_PROVIDERS = frozenset({"ses", "sendgrid", "mailgun", "postmark", "twilio", "unsubscribe"})
+EVENT_OUTCOMES = frozenset({"refused", "applied", "unmatched", "unchanged"})
 #: Upper bounds (seconds) of the send-latency histogram's buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: The outcomes an attempt can have (the attempt history's CHECK constraint).
@@ -119,6 +125,7 @@ class NotifierCollector(Collector):
         try:
             raw_attempts = _decode(self.client.hgetall(ATTEMPTS_KEY))
             raw_latency = _decode(self.client.hgetall(LATENCY_KEY))
+            raw_events = _decode(self.client.hgetall(EVENTS_KEY))
         except redis.RedisError as exc:
             log.warning("metrics: Redis unreachable (%s); counters left out", exc)
             return
@@ -148,6 +155,7 @@ class NotifierCollector(Collector):
                 buckets.append((str(bound), running))
             histogram.add_metric(list(pair), buckets, sum_value=parts.get("sum", 0.0))
         yield histogram
+        yield _events(raw_events)
 
     def _series(self, fields: dict[str, str]) -> Iterator[tuple[tuple[str, str, str], float]]:
         """Each well-formed ``channel|provider|last`` field, decoded and bounded, and its value."""
@@ -176,6 +184,57 @@ class NotifierCollector(Collector):
             ("notifier_dead_last_hour", "Rows that went dead in the last hour.", g.dead_last_hour),
         ):
             yield GaugeMetricFamily(name, text, value=value)
+        yield from _status_events(self.engine)
+
+
+def _events(fields: dict[str, str]) -> CounterMetricFamily:
+    """The events endpoint's requests by provider and outcome, unknown values as ``other``."""
+    counts: dict[tuple[str, str], float] = defaultdict(float)
+    for field, value in fields.items():
+        parts = field.split("|")
+        if len(parts) != 2:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        provider, outcome = parts
+        counts[
+            provider if provider in EVENT_PROVIDERS else OTHER,
+            outcome if outcome in EVENT_OUTCOMES else OTHER,
+        ] += number
+    family = CounterMetricFamily(
+        "notifier_events",
+        "Requests to the events endpoint by provider and outcome (refused, applied, unmatched,"
+        " unchanged).",
+        labels=["provider", "outcome"],
+    )
+    for series, number in sorted(counts.items()):
+        family.add_metric(list(series), number)
+    return family
+
+
+def _status_events(engine: Engine) -> Iterable[GaugeMetricFamily]:
+    """The status webhook's outbox: events waiting, being sent, given up."""
+    try:
+        with engine.connect() as conn:
+            c = status_events.counts(conn)
+    except Exception as exc:
+        log.warning("metrics: database unreachable (%s); status events left out", exc)
+        return
+    family = GaugeMetricFamily(
+        "notifier_status_events",
+        "Status webhook events by state: pending, processing, dead (sent ones are not counted).",
+        labels=["status"],
+    )
+    for status, value in (("pending", c.pending), ("processing", c.processing), ("dead", c.dead)):
+        family.add_metric([status], value)
+    yield family
+    yield GaugeMetricFamily(
+        "notifier_status_events_oldest_seconds",
+        "How long the oldest pending status webhook event has waited.",
+        value=c.oldest_pending_seconds,
+    )
 
 
 def _decode(raw: object) -> dict[str, str]:

@@ -13,7 +13,9 @@ from typing import Any
 from uuid import UUID
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -373,6 +375,62 @@ workers = Table(
     comment=(
         "One row per worker process that claims notifications, renewed by its heartbeat;"
         " read by the rescue and notifier health."
+    ),
+)
+
+status_webhook = Table(
+    "status_webhook",
+    metadata,
+    Column("only_row", Boolean, primary_key=True, server_default=text("true")),
+    Column("events", ARRAY(Text), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint("only_row", name="status_webhook_one_row"),
+    comment=(
+        "The events the status webhook sends, as workers last configured it;"
+        " no row: none, and the trigger is disabled."
+    ),
+)
+
+status_events = Table(
+    "status_events",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("notification_id", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("dedupe_key", Text),
+    Column("detail", Text),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'::text")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("claim_token", PgUUID(as_uuid=True)),
+    Column("locked_until", DateTime(timezone=True)),
+    Column("last_error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint("kind IN ('status', 'delivery')", name="status_events_kind"),
+    CheckConstraint(
+        "status IN ('pending', 'processing', 'sent', 'dead')", name="status_events_status"
+    ),
+    CheckConstraint(
+        "status <> 'processing' OR (claim_token IS NOT NULL AND locked_until IS NOT NULL)",
+        name="status_events_processing_has_claim",
+    ),
+    CheckConstraint(
+        "status <> 'dead' OR last_error IS NOT NULL", name="status_events_dead_has_error"
+    ),
+    Index(
+        "status_events_due", "next_attempt_at", "id", postgresql_where=text("status = 'pending'")
+    ),
+    Index(
+        "status_events_processing", "locked_until", postgresql_where=text("status = 'processing'")
+    ),
+    Index("status_events_dead", "updated_at", postgresql_where=text("status = 'dead'")),
+    comment=(
+        "The status webhook's outbox: one row per notification that reached a final or delivery"
+        " state, POSTed to NOTIFIER_STATUS_WEBHOOK_URL."
     ),
 )
 

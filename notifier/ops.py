@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from notifier.db import ops as ops_db
+from notifier.db import status_events
 from notifier.db.ops import Snapshot
 from notifier.models import Status
 from notifier.settings import Settings
@@ -58,6 +59,8 @@ class Minute:
 class Stats:
     queue: ops_db.QueueStats
     minutes: list[Minute]
+    #: the status webhook's outbox: pending, processing and dead events
+    status_events: status_events.Counts
 
     @property
     def sent_per_minute(self) -> float:
@@ -71,9 +74,12 @@ def stats(engine: Engine, minutes: int = 5) -> Stats:
     with engine.connect() as conn:
         queue = ops_db.queue_stats(conn)
         rows = ops_db.outcomes_per_minute(conn, minutes)
+        events = status_events.counts(conn)
     last = len(rows) - 1
     return Stats(
-        queue, [Minute(m, s, r, d, partial=i == last) for i, (m, s, r, d) in enumerate(rows)]
+        queue,
+        [Minute(m, s, r, d, partial=i == last) for i, (m, s, r, d) in enumerate(rows)],
+        events,
     )
 
 
@@ -264,6 +270,8 @@ class Purge:
     #: False when ``budget_seconds`` ran out before every expired row was deleted
     finished: bool = True
     dry_run: bool = False
+    #: the status webhook's sent and dead events deleted (not counted by a dry run)
+    status_events: int = 0
 
 
 def purge(
@@ -276,7 +284,8 @@ def purge(
     after: int = 0,
     progress: Progress | None = None,
 ) -> Purge:
-    """Delete finished rows past their status's retention, with their attempt history.
+    """Delete finished rows past their status's retention, with their attempt history, and
+    the status webhook's sent and dead events past the same retention.
 
     A row is past retention when its ``updated_at`` (when it became sent, dead or cancelled)
     is older than ``NOTIFIER_RETENTION_<STATUS>_DAYS``. ``pending`` and ``processing`` rows are
@@ -308,16 +317,24 @@ def purge(
             progress(sum(result.deleted.values()))
         if sum(deleted.values()) < batch_size:
             break
+    while result.finished:  # the status webhook's events, by the same cut-offs
+        with engine.begin() as conn:
+            n = status_events.purge(conn, before, batch_size)
+        result.status_events += n
+        if n < batch_size:
+            break
     log.info(
-        "purge sent=%d dead=%d cancelled=%d attempts=%d finished=%s took=%.1fs",
+        "purge sent=%d dead=%d cancelled=%d attempts=%d status_events=%d finished=%s took=%.1fs",
         *(result.deleted[str(s)] for s in RETENTION),
         result.attempts,
+        result.status_events,
         result.finished,
         time.monotonic() - started,
         extra={
             "event": "purge",
             **{str(s): result.deleted[str(s)] for s in RETENTION},
             "attempts": result.attempts,
+            "status_events": result.status_events,
             "finished": result.finished,
             "took": round(time.monotonic() - started, 3),
         },

@@ -151,6 +151,20 @@ class Settings(BaseSettings):
     so a producer cannot make notifier call the deployment's own services (SSRF); see
     ``notifier/providers/netguard.py``."""
 
+    status_webhook_url: str | None = None
+    """Where notifier POSTs an event each time a row reaches a final status or a delivery state
+    (README "Delivery feedback"); unset: no events are written at all."""
+
+    status_webhook_secret: str | None = None
+    """Signs the status webhook's requests as ``NOTIFIER_WEBHOOK_SECRET`` signs webhooks."""
+
+    status_webhook_events: str = "sent,dead,cancelled,delivered,undelivered,bounced,complained"
+    """The statuses and delivery states that make an event, comma-separated."""
+
+    status_webhook_max_attempts: int = Field(30, gt=0)
+    """POSTs of one event before it is given up as ``dead`` (with the retry backoff, about a
+    day); a redirect or another 4xx than 408 and 429 gives it up at once."""
+
     twilio_account_sid: str | None = None
     """Account SID (``AC...``) of the Twilio account the ``sms`` channel sends through."""
 
@@ -364,6 +378,15 @@ class Settings(BaseSettings):
         parse_users(value)
         return value
 
+    @field_validator("status_webhook_events")
+    @classmethod
+    def _parse_status_events(cls, value: str) -> str:
+        unknown = set(status_events(value)) - STATUS_EVENTS
+        if unknown:
+            known = ", ".join(sorted(STATUS_EVENTS))
+            raise ValueError(f"unknown {', '.join(sorted(unknown))}; known: {known}")
+        return value
+
     @field_validator("webhook_allowed_networks", mode="before")
     @classmethod
     def _split_networks(cls, value: object) -> object:
@@ -380,6 +403,17 @@ class Settings(BaseSettings):
                     f"({exc})"
                 ) from None
         return networks
+
+
+#: What ``status_webhook_events`` may name: the final statuses and the delivery states.
+STATUS_EVENTS = frozenset(
+    {"sent", "dead", "cancelled", "delivered", "undelivered", "bounced", "complained"}
+)
+
+
+def status_events(value: str) -> list[str]:
+    """``NOTIFIER_STATUS_WEBHOOK_EVENTS`` as a list."""
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 PREFIX = "NOTIFIER_"

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from notifier import unsubscribe
+from notifier import metrics, unsubscribe
 from notifier.events import mailgun, postmark, sendgrid, sns, twilio
 from notifier.events.model import Event, Refused, parse_json
 from notifier.events.state import Applier
@@ -42,7 +42,7 @@ from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
 
-COUNTS_KEY = "notifier:metrics:events"
+COUNTS_KEY = metrics.EVENTS_KEY
 #: Largest body read: providers batch events, SendGrid up to about a thousand per request.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 

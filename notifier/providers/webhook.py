@@ -65,7 +65,7 @@ def _user_agent() -> str:
         return "notifier/unknown"
 
 
-def _signing_key(secret: str) -> bytes:
+def signing_key(secret: str, variable: str = "NOTIFIER_WEBHOOK_SECRET") -> bytes:
     """Standard Webhooks secrets are ``whsec_`` + base64; any other string is used as is."""
     if not secret.startswith("whsec_"):
         return secret.encode()
@@ -74,8 +74,59 @@ def _signing_key(secret: str) -> bytes:
     except binascii.Error:
         # Say nothing about the value: this text ends up in logs.
         raise ValueError(
-            "NOTIFIER_WEBHOOK_SECRET starts with whsec_ but the rest is not valid base64"
+            f"{variable} starts with whsec_ but the rest is not valid base64"
         ) from None
+
+
+def signed_headers(key: bytes | None, msg_id: str, body: bytes) -> dict[str, str]:
+    """A request's Standard Webhooks headers: ``webhook-id``, ``webhook-timestamp`` and, with a
+    key, ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``."""
+    timestamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "Accept-Encoding": "identity",  # the error text is read raw, never decompressed
+        "webhook-id": msg_id,
+        "webhook-timestamp": timestamp,
+    }
+    if key is not None:
+        signed = f"{msg_id}.{timestamp}.".encode() + body
+        digest = hmac.new(key, signed, hashlib.sha256).digest()
+        headers["webhook-signature"] = "v1," + base64.b64encode(digest).decode()
+    return headers
+
+
+async def post(
+    session: aiohttp.ClientSession, url: yarl.URL, msg_id: str, body: bytes, key: bytes | None
+) -> Outcome:
+    """POST ``body``, signed, to ``url`` without following redirects; every failure becomes an
+    outcome, within the session's timeouts."""
+    host = _host_and_port(url)
+    headers = signed_headers(key, msg_id, body)
+    try:
+        request = session.post(url, data=body, headers=headers, allow_redirects=False)
+        async with request as response:
+            return await _outcome(response, msg_id, host, receiver_scope(url))
+    except BlockedAddress as exc:  # raised by the connection, before anything was sent
+        return Permanent(str(exc))
+    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
+        return Retry(_timed_out(exc, host, session.timeout))
+    except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 host: never called
+        return Permanent(truncate(f"recipient URL is malformed: {exc}"))
+    except aiohttp.ClientConnectorError as exc:  # DNS failures too
+        return Retry(truncate(f"ConnectError POSTing to {host}: {exc.strerror or exc}"))
+    except aiohttp.ClientResponseError as exc:  # not HTTP; its str() repeats the whole URL
+        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc.message}"))
+    except (aiohttp.ClientError, OSError) as exc:
+        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
+
+
+def _timed_out(exc: TimeoutError, host: str, timeouts: aiohttp.ClientTimeout) -> str:
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        kind = (
+            "ConnectTimeout" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "ReadTimeout"
+        )
+        return f"timed out ({kind}) after the {timeouts.connect:g}s limit POSTing to {host}"
+    return f"timed out (the whole send) after its {timeouts.total:g}s limit POSTing to {host}"
 
 
 class WebhookProvider(Provider):
@@ -92,7 +143,7 @@ class WebhookProvider(Provider):
         super().__init__(settings)
         self._settings = settings
         secret = self._settings.webhook_secret
-        self._key = _signing_key(secret) if secret else None
+        self._key = signing_key(secret) if secret else None
         self._timeout = self._settings.webhook_timeout
         # Connecting (waiting for a pooled connection included), each read, and the whole send:
         # aiohttp has no write timeout, so the total also ends a receiver that stops reading.
@@ -157,28 +208,12 @@ class WebhookProvider(Provider):
 
     async def send_async(self, notification: Notification) -> Outcome:
         """POST the row; every failure becomes an outcome, within ``3 * webhook_timeout``."""
-        msg_id, body, headers = self._request(notification)
         try:
             url = yarl.URL(notification.recipient)
         except ValueError as exc:
             return Permanent(truncate(f"recipient URL is malformed: {exc}"))
-        host = _host_and_port(url)
-        try:
-            post = self._client().post(url, data=body, headers=headers, allow_redirects=False)
-            async with post as response:
-                return await _outcome(response, msg_id, host, receiver_scope(url))
-        except BlockedAddress as exc:  # raised by the connection, before anything was sent
-            return Permanent(str(exc))
-        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
-            return Retry(self._timed_out(exc, host))
-        except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 host: never called
-            return Permanent(truncate(f"recipient URL is malformed: {exc}"))
-        except aiohttp.ClientConnectorError as exc:  # DNS failures too
-            return Retry(truncate(f"ConnectError POSTing to {host}: {exc.strerror or exc}"))
-        except aiohttp.ClientResponseError as exc:  # not HTTP; its str() repeats the whole URL
-            return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc.message}"))
-        except (aiohttp.ClientError, OSError) as exc:
-            return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
+        msg_id = f"notification-{notification.id}"
+        return await post(self._client(), url, msg_id, self._body(notification), self._key)
 
     def close(self) -> None:
         """Called after every batch; keeps the session so the next batch reuses its connections."""
@@ -206,23 +241,6 @@ class WebhookProvider(Provider):
                 f"recipient host {host} is an IPv4 address in a legacy short or numeric form, "
                 "which is not sent to; write it as four decimal numbers, e.g. 203.0.113.7"
             )
-
-    def _request(self, notification: Notification) -> tuple[str, bytes, dict[str, str]]:
-        """The webhook-id, the body and the headers: Standard Webhooks, signed with a secret."""
-        body = self._body(notification)
-        msg_id = f"notification-{notification.id}"
-        timestamp = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            "Accept-Encoding": "identity",  # the error text is read raw, never decompressed
-            "webhook-id": msg_id,
-            "webhook-timestamp": timestamp,
-        }
-        if self._key is not None:
-            signed = f"{msg_id}.{timestamp}.".encode() + body
-            digest = hmac.new(self._key, signed, hashlib.sha256).digest()
-            headers["webhook-signature"] = "v1," + base64.b64encode(digest).decode()
-        return msg_id, body, headers
 
     def _client(self) -> aiohttp.ClientSession:
         """The session of the running loop; made on first use, since it belongs to one loop."""
@@ -252,17 +270,6 @@ class WebhookProvider(Provider):
             auto_decompress=False,  # the error text is read raw, never decompressed
             trust_env=False,  # no HTTPS_PROXY: the address check must see the real target
         )
-
-    def _timed_out(self, exc: TimeoutError, host: str) -> str:
-        if isinstance(exc, aiohttp.ServerTimeoutError):
-            kind = (
-                "ConnectTimeout"
-                if isinstance(exc, aiohttp.ConnectionTimeoutError)
-                else "ReadTimeout"
-            )
-            return f"timed out ({kind}) after the {self._timeout:g}s limit POSTing to {host}"
-        total = self._timeouts.total
-        return f"timed out (the whole send) after its {total:g}s limit POSTing to {host}"
 
     @staticmethod
     def _body(n: Notification) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from notifier import db, health, ops
+from notifier import db, health, ops, status_webhook
 from notifier.campaigns import Campaigns
 from notifier.db.rescue import rescue_expired
 from notifier.settings import get_settings
@@ -31,7 +31,7 @@ from notifier.worker.runtime import (
 )
 from notifier.worker.wakeup import Waker
 
-__all__ = ["app", "dispatch", "finish_campaigns", "purge", "rescue"]
+__all__ = ["app", "dispatch", "finish_campaigns", "purge", "rescue", "send_status_events"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,16 @@ def _start_waker(**_: Any) -> None:
         _keep_one_waiting()
     except redis.RedisError as exc:  # the broker is down too: the first beat after it does it
         log.warning("could not ask for a dispatch at start: %s", exc)
+
+
+@signals.worker_ready.connect
+def _configure_status_webhook(**_: Any) -> None:
+    """Switch the trigger that writes status events to this worker's settings (off without
+    ``NOTIFIER_STATUS_WEBHOOK_URL``); with a URL, every delivery tries again."""
+    try:
+        status_webhook.configure(db.engine(), get_settings())
+    except Exception as exc:  # the lock was busy or the database away: not worth not starting
+        log.warning("could not switch the status webhook's events: %s", exc)
 
 
 @signals.worker_shutdown.connect
@@ -106,6 +116,26 @@ def finish_campaigns() -> list[str]:
     for name in names:
         log.info("campaign %r finished: every notification is sent, dead or cancelled", name)
     return names
+
+
+#: Set while a status webhook run is under way: one at a time, so a receiver that hangs holds
+#: one worker process at most, and triggers queued behind a backlog return at once.
+STATUS_WEBHOOK_FLAG = "notifier:status_webhook:running"
+
+
+@app.task(name="notifier.status_webhook")
+def send_status_events() -> int:
+    """POST the status webhook's due events (``notifier.status_webhook``), one run at a time."""
+    settings = get_settings()
+    budget = status_webhook.BEAT_SECONDS
+    longest = budget + 3 * settings.webhook_timeout + 60  # the flag outlives a run that died
+    if not redis_client().set(STATUS_WEBHOOK_FLAG, 1, nx=True, ex=int(longest)):
+        return 0
+    try:
+        return status_webhook.deliver(db.engine(), settings, budget_seconds=budget).sent
+    finally:
+        with contextlib.suppress(redis.RedisError):  # it expires by itself
+            redis_client().delete(STATUS_WEBHOOK_FLAG)
 
 
 @app.task(name="notifier.purge")

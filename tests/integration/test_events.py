@@ -35,12 +35,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import NameOID
 from sqlalchemy import Engine, text
 
+from notifier import metrics
 from notifier.campaigns import Campaigns
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings, get_settings
 from tests.factories import MakeRow, MakeRows, SetEnv
+from tests.prometheus import samples, scrape
 from tests.smtp_sink import SmtpSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -455,11 +457,8 @@ def test_mailgun_refuses_wrong_keys_old_timestamps_and_replayed_tokens(
 # --- Postmark -----------------------------------------------------------------------------------
 
 
-def test_postmark_needs_the_url_credentials(
-    endpoint: Endpoint, engine: Engine, make_row: MakeRow
-) -> None:
-    row = make_row(**SENT, channel="email", recipient="pm@example.com")
-    body = json.dumps(
+def postmark_complaint(row: int) -> bytes:
+    return json.dumps(
         {
             "RecordType": "SpamComplaint",
             "MessageID": "00000000-0000-0000-0000-000000000000",
@@ -468,6 +467,13 @@ def test_postmark_needs_the_url_credentials(
             "Metadata": {"notifier-id": str(row)},
         }
     ).encode()
+
+
+def test_postmark_needs_the_url_credentials(
+    endpoint: Endpoint, engine: Engine, make_row: MakeRow
+) -> None:
+    row = make_row(**SENT, channel="email", recipient="pm@example.com")
+    body = postmark_complaint(row)
     assert endpoint.post("/postmark", body).status_code == 401
     wrong = base64.b64encode(b"postmark:guess").decode()
     assert endpoint.post("/postmark", body, Authorization=f"Basic {wrong}").status_code == 403
@@ -606,3 +612,34 @@ def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
         ("ann@example.com", "cancelled", "suppressed: unsubscribed (one-click, spring)"),
         ("bob@example.com", "sent", None),
     ]
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+def test_refusals_and_acceptances_are_served_by_notifier_metrics(
+    endpoint: Endpoint, engine: Engine, redis_url: str, make_row: MakeRow
+) -> None:
+    row = make_row(**SENT, channel="email", recipient="pm@example.com")
+    body = postmark_complaint(row)
+    assert endpoint.post("/postmark", body).status_code == 401
+    assert refused(redis_url, "postmark") == 1  # refused, and counted by the endpoint
+    right = base64.b64encode(POSTMARK_AUTH.encode()).decode()
+    for _ in range(2):  # applied, then the same report again: unchanged
+        assert endpoint.post("/postmark", body, Authorization=f"Basic {right}").status_code == 200
+    client = redis.Redis.from_url(redis_url)
+    client.hincrby(metrics.EVENTS_KEY, "pigeon|refused", 2)  # a route this version lacks
+    client.hincrby(metrics.EVENTS_KEY, "postmark|lost", 3)  # an outcome it does not know
+    client.hincrby(metrics.EVENTS_KEY, "not a field", 4)
+
+    found = samples(scrape(engine, client, metrics.Labels(frozenset(), frozenset())))
+    client.close()
+
+    events = {k: v for k, v in found.items() if k[0] == "notifier_events_total"}
+    assert events == {
+        ("notifier_events_total", (("outcome", "refused"), ("provider", "postmark"))): 1,
+        ("notifier_events_total", (("outcome", "applied"), ("provider", "postmark"))): 1,
+        ("notifier_events_total", (("outcome", "unchanged"), ("provider", "postmark"))): 1,
+        ("notifier_events_total", (("outcome", "other"), ("provider", "postmark"))): 3,
+        ("notifier_events_total", (("outcome", "refused"), ("provider", "other"))): 2,
+    }

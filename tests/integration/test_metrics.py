@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
-import httpx
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from notifier import metrics
@@ -18,34 +12,7 @@ from notifier.models import Attempt
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 from tests.factories import MakeRow, MakeSettings, ago, from_now
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _samples(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def _scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
-    port = _free_port()
-    threading.Thread(
-        target=metrics.serve, args=(engine, client, labels, port, "127.0.0.1"), daemon=True
-    ).start()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "the metrics endpoint never came up"
-            time.sleep(0.1)
+from tests.prometheus import samples, scrape
 
 
 @pytest.mark.timeout(60)
@@ -79,10 +46,10 @@ def test_counts_gauges_and_latency_after_known_outcomes(
             )
         )
 
-    body = _scrape(engine, client, labels)
+    body = scrape(engine, client, labels)
     client.close()
 
-    found = _samples(body)
+    found = samples(body)
 
     def attempts(channel: str, outcome: str) -> float:
         labels = (("channel", channel), ("outcome", outcome), ("provider", channel))
@@ -119,10 +86,10 @@ def test_hostile_channel_names_count_under_other_and_never_corrupt_labels(
     metrics.record(client, attempts, labels)
 
     assert client.hlen(metrics.ATTEMPTS_KEY) == 4  # bounded in Redis, not only on the page
-    body = _scrape(engine, client, labels)
+    body = scrape(engine, client, labels)
     client.close()
     series = {
-        key: value for key, value in _samples(body).items() if key[0] == "notifier_attempts_total"
+        key: value for key, value in samples(body).items() if key[0] == "notifier_attempts_total"
     }
     assert series == {
         ("notifier_attempts_total", _labels("other", "other", "dead")): len(names),
@@ -130,7 +97,7 @@ def test_hostile_channel_names_count_under_other_and_never_corrupt_labels(
         ("notifier_attempts_total", _labels("null", "null", "other")): 1,
         ("notifier_attempts_total", _labels("email", "other", "sent")): 1,
     }
-    durations = {k for k in _samples(body) if k[0] == "notifier_send_duration_seconds_count"}
+    durations = {k for k in samples(body) if k[0] == "notifier_send_duration_seconds_count"}
     assert {dict(k[1])["channel"] for k in durations} == {"other", "null", "email"}
 
 
@@ -144,7 +111,7 @@ def test_fields_written_before_bounding_are_folded_into_other(
         mapping={"pig|eon|pig|dead": 5, "pigeon|pigeon|dead": 2, "null|null|sent": 1, "x": 9},
     )
     labels = metrics.Labels(frozenset({"null"}), frozenset({"null"}))
-    found = _samples(_scrape(engine, client, labels))
+    found = samples(scrape(engine, client, labels))
     client.close()
     assert found[("notifier_attempts_total", _labels("other", "other", "dead"))] == 2
     assert found[("notifier_attempts_total", _labels("null", "null", "sent"))] == 1
