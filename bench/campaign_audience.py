@@ -15,18 +15,19 @@ backends used meanwhile (``/proc/<pid>/stat``): on a machine shared with other w
 that moves least with the load.
 
 Each measurement runs ``--runs`` times (default 3) in a database of its own
-(``notifier_bench_campaigns``, dropped and recreated, migrated); the median and every run are
+(``notifier_bench_campaigns_<pid>``, created, migrated and dropped); the median and every run are
 printed. No workers run.
 
 How to run it
     From the repository root, with PostgreSQL on localhost::
 
-        python bench/campaigns.py [--lines N] [--recipients N] [--runs N] [--only import|launch]
+        python bench/campaign_audience.py [--lines N] [--recipients N] [--runs N] [--only import|launch]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import csv
 import statistics
 import sys
@@ -44,7 +45,7 @@ from bench.common import cpu_seconds, drop_databases, load, recreate_database, s
 from notifier.campaigns import Campaigns
 from notifier.db.content import upsert_template
 
-DATABASE = "notifier_bench_campaigns"
+DATABASE = f"notifier_bench_campaigns_{os.getpid()}"  # two runs at once do not collide
 PLACEHOLDERS = ("A gift, {name}", "Hi {name}, use {code} by Friday.")
 TEMPLATE = (
     "A gift, {{ name }}",
