@@ -21,14 +21,15 @@ printed. No workers run.
 How to run it
     From the repository root, with PostgreSQL on localhost::
 
-        python bench/campaign_audience.py [--lines N] [--recipients N] [--runs N] [--only import|launch]
+        python bench/campaign_audience.py [--lines N] [--recipients N] [--runs N]
+            [--only import|launch]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import csv
+import os
 import statistics
 import sys
 import tempfile
