@@ -47,11 +47,16 @@ def template() -> None:
     "      --html-file welcome.de.html",
 )
 @click.argument("name")
-@click.option("--channel", required=True, metavar="CHANNEL", help="e.g. email, sms, push.")
+@click.option(
+    "--channel",
+    required=True,
+    metavar="CHANNEL",
+    help="The channel the template is for: email, sms, push, ...",
+)
 @click.option(
     "--locale",
     metavar="LOCALE",
-    help="e.g. de or de-AT. [default: NOTIFIER_DEFAULT_LOCALE]",
+    help="e.g. de or de-AT.  [default: NOTIFIER_DEFAULT_LOCALE]",
 )
 @click.option("--subject", metavar="TEMPLATE", help="e.g. 'Welcome, {{ first_name }}'.")
 @click.option("--body", metavar="TEMPLATE", help="The plain-text body. Instead of --body-file.")
@@ -180,13 +185,14 @@ def show(name: str, channel: str | None, locale: str | None) -> int:
 
 @template.command(
     short_help="Remove a template's version in one locale.",
-    help="Remove template NAME's version for this channel and locale. Rows that name it"
-    " afterwards fall back to another locale, or go dead if none is left. Exit status 1 if"
-    " there was no such version.",
+    help="Remove template NAME's version for this channel and locale. Rows that name it then"
+    " get the next version in the lookup (the locale's language, then"
+    " NOTIFIER_DEFAULT_LOCALE), or go dead if there is none. Exit status 1 if there was no"
+    " such version.",
 )
 @click.argument("name")
-@click.option("--channel", required=True, metavar="CHANNEL", help="e.g. email.")
-@click.option("--locale", required=True, metavar="LOCALE", help="e.g. de-AT.")
+@click.option("--channel", required=True, metavar="CHANNEL", help="Its channel, e.g. email.")
+@click.option("--locale", required=True, metavar="LOCALE", help="Its locale, e.g. de-AT.")
 @output.json_option
 def rm(name: str, channel: str, locale: str) -> int:
     locale = normalize_locale(locale)
@@ -221,11 +227,16 @@ def suppress() -> None:
     "add",
     short_help="Never send to this recipient on this channel.",
     help="Never send to RECIPIENT on this channel again. An entry that is there already keeps"
-    " its reason and time.\n\nExample: notifier suppress add --channel email ann@example.com"
-    ' --reason "asked us"',
+    " its reason and time.\n\n\b\nExample:\n"
+    '  notifier suppress add --channel email ann@example.com --reason "asked us"',
 )
 @click.argument("recipient")
-@click.option("--channel", required=True, metavar="CHANNEL", help="e.g. email, sms, push.")
+@click.option(
+    "--channel",
+    required=True,
+    metavar="CHANNEL",
+    help="The channel to stop sending on: email, sms, push, ...",
+)
 @click.option(
     "--reason", default="added by operator", metavar="TEXT", help="Why, kept with the entry."
 )
@@ -257,7 +268,12 @@ def suppress_add(recipient: str, channel: str, reason: str) -> int:
     help="Send to RECIPIENT on this channel again. Exit status 1 if it was not suppressed.",
 )
 @click.argument("recipient")
-@click.option("--channel", required=True, metavar="CHANNEL", help="e.g. email, sms, push.")
+@click.option(
+    "--channel",
+    required=True,
+    metavar="CHANNEL",
+    help="The channel to send on again: email, sms, push, ...",
+)
 @output.json_option
 def suppress_rm(recipient: str, channel: str) -> int:
     with db.engine().begin() as conn:

@@ -75,7 +75,7 @@ Exit statuses:
 one JSON document on stdout with the same data.
 
 \b
-Tab completion: add this line to ~/.bashrc (zsh and fish: see the README, "Operations"):
+Tab completion: add to ~/.bashrc (zsh and fish: README, "Operations")
   eval "$(_NOTIFIER_COMPLETE=bash_source notifier)"
 """
 
@@ -216,7 +216,7 @@ def migrate_command(down_to: str | None) -> int:
 @click.option(
     "--locale",
     metavar="LOCALE",
-    help="The template's locale, e.g. de-AT. [default: NOTIFIER_DEFAULT_LOCALE]",
+    help="The template's locale, e.g. de-AT.  [default: NOTIFIER_DEFAULT_LOCALE]",
 )
 @output.json_option
 def send(
@@ -321,7 +321,12 @@ _HOST = click.option(
     " send durations, due rows, the lag, rows processing, deaths in the last hour. They add"
     " up across every worker on every machine (counted in Redis). Runs until stopped.",
 )
-@click.option("--port", type=int, help="Port to listen on. [default: NOTIFIER_METRICS_PORT, 9808]")
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_METRICS_PORT, 9808]",
+)
 @_HOST
 def metrics_command(port: int | None, host: str) -> int:
     settings = get_settings()
@@ -339,7 +344,12 @@ def metrics_command(port: int | None, host: str) -> int:
     " unsubscribes, on NOTIFIER_EVENTS_PORT (8025), behind a TLS-terminating proxy whose https"
     " address is NOTIFIER_EVENTS_PUBLIC_URL. Runs until stopped.",
 )
-@click.option("--port", type=int, help="Port to listen on. [default: NOTIFIER_EVENTS_PORT, 8025]")
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_EVENTS_PORT, 8025]",
+)
 @_HOST
 def events(port: int | None, host: str) -> int:
     import uvicorn

@@ -40,8 +40,7 @@ def json_option(command: F) -> F:
         expose_value=False,
         is_eager=True,
         callback=_remember_json,
-        help="Print the result as one JSON document on stdout (same data as the table), and"
-        " no progress bar.",
+        help="Print one JSON document on stdout instead, with the same data; no progress bar.",
     )(command)
 
 
@@ -157,11 +156,13 @@ def _write(text: str) -> None:
 
 def stdout_closed() -> None:
     """The reader of stdout has gone: send whatever is still to come, buffered or not, nowhere."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file (a test's capture): nothing is flushed to it at exit
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
-    except (OSError, ValueError):
-        pass
+        os.dup2(devnull, fd)
     finally:
         os.close(devnull)
 

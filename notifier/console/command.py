@@ -35,9 +35,16 @@ from notifier.cli.output import Text
     "action", type=click.Choice(["serve", "hash-password"]), default="serve", required=False
 )
 @click.option(
-    "--host", metavar="ADDRESS", help="Address to listen on. [default: NOTIFIER_CONSOLE_HOST]"
+    "--host",
+    metavar="ADDRESS",
+    help="Address to listen on.  [default: NOTIFIER_CONSOLE_HOST, 127.0.0.1]",
 )
-@click.option("--port", type=int, help="Port to listen on. [default: NOTIFIER_CONSOLE_PORT]")
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_CONSOLE_PORT, 8090]",
+)
 @output.json_option
 def command(action: str, host: str | None, port: int | None) -> int:
     if action == "hash-password":
