@@ -2,185 +2,322 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
+
+import click
 
 from notifier import db
 from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Progress
+from notifier.cli import output, terminal
+from notifier.cli.base import Group, exclusive
+from notifier.cli.output import Text
+from notifier.cli.parsing import JSON_OBJECT
+
+#: How often ``--watch`` looks at the campaign's counts, in seconds.
+WATCH_EVERY = 1.0
+
+_NAME = click.argument("name")
 
 
-def add_parser(sub: Any) -> None:
-    campaign = sub.add_parser("campaign", help="send one message to a large audience")
-    commands = campaign.add_subparsers(dest="campaign_command", required=True)
-
-    p = commands.add_parser("create", help="create a draft campaign")
-    p.add_argument("name")
-    p.add_argument("--channel", required=True)
-    p.add_argument("--subject", help="template, e.g. 'Your code, {name}'")
-    p.add_argument("--body", help="template, e.g. 'Use {code} before Friday.'")
-    p.add_argument("--payload", type=json.loads, default={}, help="JSON object for every row")
-    p.add_argument("--priority", type=int, default=-10, help="below 0 lets other rows go first")
-    p.add_argument("--max-attempts", type=int, default=5)
-    p.set_defaults(func=_create)
-
-    p = commands.add_parser("audience", help="import recipients from a CSV file or a query")
-    p.add_argument("name")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--csv", type=Path, help="CSV with a header; other columns are fields")
-    source.add_argument("--query", help="SQL returning a 'recipient' column and any fields")
-    p.add_argument("--recipient-column", default="recipient", help="CSV column of recipients")
-    p.set_defaults(func=_audience)
-
-    p = commands.add_parser("codes", help="add codes to the pool: from a file or generated")
-    p.add_argument("name")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--file", type=Path, help="one code per line")
-    source.add_argument("--generate", type=int, metavar="N", help="generate N random codes")
-    p.add_argument("--length", type=int, default=12, help="length of generated codes")
-    p.set_defaults(func=_codes)
-
-    p = commands.add_parser("launch", help="write one notification per recipient (re-runnable)")
-    p.add_argument("name")
-    p.add_argument("--no-watch", action="store_true", help="return once the rows are written")
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=PARALLEL,
-        help=f"chunks written at once, each on its own connection (default {PARALLEL})",
-    )
-    p.set_defaults(func=_launch)
-
-    p = commands.add_parser("status", help="counts of the campaign's notifications")
-    p.add_argument("name")
-    p.add_argument("--watch", action="store_true", help="refresh until nothing is left to send")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_status)
-
-    for verb, text in (
-        ("pause", "stop sending now; resume continues"),
-        ("resume", "continue a paused campaign"),
-        ("cancel", "cancel every unsent notification of the campaign"),
-    ):
-        p = commands.add_parser(verb, help=text)
-        p.add_argument("name")
-        p.set_defaults(func=_simple, verb=verb)
+@click.group(
+    cls=Group,
+    short_help="Send one message to a large audience, a code for each recipient.",
+    help="Send one message to a large audience, each recipient with a promo code of their own."
+    " Every step can be run again: a launch that died half-way is finished by launching again,"
+    " and nobody gets a second row or a second code.\n\n"
+    "\b\nIn order:\n"
+    "  notifier campaign create spring --channel email \\\n"
+    "      --subject 'A gift for you, {name}' --body 'Your code: {code}.'\n"
+    "  notifier campaign audience spring --csv users.csv --recipient-column email\n"
+    "  notifier campaign codes spring --generate 100000\n"
+    "  notifier campaign launch spring\n"
+    "  notifier campaign status spring --watch",
+)
+def campaign() -> None:
+    pass
 
 
 def _campaigns() -> Campaigns:
     return Campaigns(db.engine())
 
 
-def _create(args: argparse.Namespace) -> int:
+@campaign.command(
+    short_help="Create a draft campaign.",
+    help="Create a draft campaign named NAME. Subject and body are templates with {placeholders}:"
+    " {recipient}, {code} and any audience field (a CSV column or query column). A field missing"
+    " for any recipient stops the launch before anything is written.",
+)
+@_NAME
+@click.option(
+    "--channel",
+    required=True,
+    metavar="CHANNEL",
+    help="Channel every row goes out on: email, sms, push, webhook, ...",
+)
+@click.option("--subject", metavar="TEMPLATE", help="e.g. 'Your code, {name}'.")
+@click.option("--body", metavar="TEMPLATE", help="e.g. 'Use {code} before Friday.'")
+@click.option(
+    "--payload",
+    type=JSON_OBJECT,
+    default="{}",
+    metavar="JSON",
+    help="A JSON object put into every row's payload (beside code and campaign).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=-10,
+    metavar="N",
+    help="Priority of the campaign's rows; below 0 lets transactional rows (0) go first.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=5,
+    metavar="N",
+    help="Attempts per row before it is given up as dead.",
+)
+@output.json_option
+def create(
+    name: str,
+    channel: str,
+    subject: str | None,
+    body: str | None,
+    payload: dict[str, Any],
+    priority: int,
+    max_attempts: int,
+) -> int:
     campaign_id = _campaigns().create(
-        args.name,
-        args.channel,
-        subject=args.subject,
-        body=args.body,
-        payload=args.payload,
-        priority=args.priority,
-        max_attempts=args.max_attempts,
+        name,
+        channel,
+        subject=subject,
+        body=body,
+        payload=payload,
+        priority=priority,
+        max_attempts=max_attempts,
     )
-    print(f"created campaign {args.name!r} (id {campaign_id}); import an audience next")
+    output.emit(
+        {"name": name, "id": campaign_id},
+        Text(f"created campaign {output.quoted(name)} (id {campaign_id}); import an audience next"),
+    )
     return 0
 
 
-def _audience(args: argparse.Namespace) -> int:
-    if args.csv is not None:
-        with args.csv.open(newline="", encoding="utf-8") as rows:
-            added = _campaigns().import_audience(args.name, rows, args.recipient_column)
+@campaign.command(
+    short_help="Import recipients from a CSV file or a query.",
+    help="Add recipients to campaign NAME, from a CSV file (with a header row; the other"
+    " columns become fields for the templates) or from a query. A recipient already there"
+    " counts once. The query runs read-only as the role notifier_audience, stopped after"
+    " NOTIFIER_AUDIENCE_QUERY_TIMEOUT.\n\n"
+    "\b\nExamples:\n"
+    "  notifier campaign audience spring --csv users.csv --recipient-column email\n"
+    '  notifier campaign audience spring --query "SELECT email AS recipient,\n'
+    '      first_name AS name FROM users WHERE opted_in"',
+)
+@_NAME
+@click.option(
+    "--csv",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A CSV file (UTF-8) with a header row. Instead of --query.",
+)
+@click.option(
+    "--query",
+    metavar="SQL",
+    help="SQL returning a 'recipient' column and any fields. Instead of --csv.",
+)
+@click.option(
+    "--recipient-column",
+    default="recipient",
+    metavar="COLUMN",
+    help="The CSV column holding the recipients.",
+)
+@output.json_option
+def audience(name: str, csv: Path | None, query: str | None, recipient_column: str) -> int:
+    exclusive(click.get_current_context(), "csv", "query", required=True)
+    if csv is not None:
+        with csv.open(newline="", encoding="utf-8") as rows:
+            lines = output.read_with_progress(rows, "reading")
+            # The import only iterates over its rows, as over a file's lines.
+            added = _campaigns().import_audience(name, cast(IO[str], lines), recipient_column)
     else:
-        added = _campaigns().audience_from_query(args.name, args.query)
-    print(f"{added} recipients added")
+        assert query is not None
+        added = _campaigns().audience_from_query(name, query)
+    output.emit({"name": name, "added": added}, Text(f"{added} recipients added"))
     return 0
 
 
-def _codes(args: argparse.Namespace) -> int:
-    if args.file is not None:
-        with args.file.open(encoding="utf-8") as lines:
-            added = _campaigns().import_codes(args.name, (line.strip() for line in lines))
+@campaign.command(
+    short_help="Add codes to the pool: from a file, or generated.",
+    help="Add promo codes to campaign NAME's pool, from a file (one per line) or generated (hex"
+    " characters from the operating system's cryptographic random source). A code already in"
+    " the pool counts once; recipient N gets code N.\n\n"
+    "\b\nExamples:\n"
+    "  notifier campaign codes spring --file codes.txt\n"
+    "  notifier campaign codes spring --generate 1000000 --length 12",
+)
+@_NAME
+@click.option(
+    "--file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A file of codes, one per line (UTF-8). Instead of --generate.",
+)
+@click.option(
+    "--generate",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Generate N random codes. Instead of --file.",
+)
+@click.option(
+    "--length",
+    type=int,
+    default=12,
+    metavar="N",
+    help="Characters per generated code, 8 to 32.",
+)
+@output.json_option
+def codes(name: str, file: Path | None, generate: int | None, length: int) -> int:
+    exclusive(click.get_current_context(), "file", "generate", required=True)
+    if file is not None:
+        with file.open(encoding="utf-8") as lines:
+            read = output.read_with_progress(lines, "reading")
+            added = _campaigns().import_codes(name, (line.strip() for line in read))
     else:
-        added = _campaigns().generate_codes(args.name, args.generate, args.length)
-    print(f"{added} codes added to the pool")
+        assert generate is not None
+        added = _campaigns().generate_codes(name, generate, length)
+    output.emit({"name": name, "added": added}, Text(f"{added} codes added to the pool"))
     return 0
 
 
-def _launch(args: argparse.Namespace) -> int:
+@campaign.command(
+    short_help="Write one notification per recipient, then watch them go.",
+    help="Write campaign NAME's notifications, one per recipient, in chunks of 50,000, then"
+    " watch them being sent until nothing is left (Ctrl-C stops watching, not the campaign)."
+    " Safe to run again: an interrupted launch is finished, and a finished one writes only the"
+    " recipients added since. On a terminal, progress is drawn on stderr.",
+)
+@_NAME
+@click.option(
+    "--no-watch",
+    is_flag=True,
+    help="Return once the rows are written, without watching them being sent.",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, MOST_PARALLEL),
+    default=PARALLEL,
+    metavar="N",
+    help=f"Chunks written at once, each on a database connection of its own (1 to"
+    f" {MOST_PARALLEL}).",
+)
+@output.json_option
+def launch(name: str, no_watch: bool, parallel: int) -> int:
     campaigns = _campaigns()
-    total = campaigns.status(args.name).counts.recipients
-    written = 0
-    started = time.monotonic()
-
-    def progress(n: int) -> None:
-        nonlocal written
-        written += n
-        _bar("writing", written, total, started)
-
-    if not 1 <= args.parallel <= MOST_PARALLEL:
-        raise SystemExit(f"--parallel takes 1 to {MOST_PARALLEL}")
-    campaigns.launch(args.name, progress, parallel=args.parallel)
-    _bar("writing", total, total, started, finished=True)
-    if not args.no_watch:
-        return _watch(campaigns, args.name)
+    before = campaigns.status(name).counts
+    with output.progress("writing", before.recipients) as bar:
+        bar.show(before.notifications)  # a launch run again writes only what is missing
+        written = campaigns.launch(name, bar.advance, parallel=parallel)
+        bar.show(before.recipients)
+    said = Text(f"campaign {output.quoted(name)}: {written} notifications written")
+    if no_watch:
+        output.emit({"name": name, "written": written}, said)
+        return 0
+    final = _watch(campaigns, name)
+    output.emit({"name": name, "written": written, **_data(final)}, said, Text(_summary(final)))
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
+@campaign.command(
+    short_help="Counts of the campaign's notifications.",
+    help="Where campaign NAME stands: recipients, codes, and its notifications by status.",
+)
+@_NAME
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh (a bar on a terminal's stderr) until nothing is left to send, then print"
+    " the counts.",
+)
+@output.json_option
+def status(name: str, watch: bool) -> int:
     campaigns = _campaigns()
-    if args.watch:
-        return _watch(campaigns, args.name)
-    status = campaigns.status(args.name)
-    if args.json:
-        c = status.counts
-        print(
-            json.dumps(
-                {
-                    "name": status.campaign.name,
-                    "status": status.campaign.status,
-                    "recipients": c.recipients,
-                    "codes": c.codes,
-                    "codes_given": c.codes_given,
-                    "enqueued": c.notifications,
-                    "by_status": c.by_status,
-                    "retrying": c.retrying,
-                }
-            )
+    progress = _watch(campaigns, name) if watch else campaigns.status(name)
+    output.emit(_data(progress), Text(_summary(progress)))
+    return 0
+
+
+def _simple(verb: str, done: str, said: str, short: str, text: str) -> None:
+    """``pause``, ``resume`` or ``cancel``: one call, one line saying how many rows it moved."""
+
+    @campaign.command(verb, short_help=short, help=text)
+    @_NAME
+    @output.json_option
+    def command(name: str) -> int:
+        count = getattr(_campaigns(), verb)(name)
+        output.emit(
+            {"name": name, "status": done, "notifications": count},
+            Text(f"campaign {output.quoted(name)}: {done}; {count} notifications {said}"),
         )
-    else:
-        print(_summary(status))
-    return 0
+        return 0
 
 
-def _simple(args: argparse.Namespace) -> int:
-    campaigns = _campaigns()
-    count = getattr(campaigns, args.verb)(args.name)
-    done, said = {
-        "pause": ("paused", "held back"),
-        "resume": ("resumed", "released"),
-        "cancel": ("cancelled", "cancelled"),
-    }[args.verb]
-    print(f"campaign {args.name!r}: {done}; {count} notifications {said}")
-    return 0
+_simple(
+    "pause",
+    "paused",
+    "held back",
+    "Stop sending now; resume continues.",
+    "Stop sending campaign NAME now: its pending rows are held back, and rows a worker had"
+    " already claimed are handed back before their send. 'resume' continues.",
+)
+_simple(
+    "resume",
+    "resumed",
+    "released",
+    "Continue a paused campaign.",
+    "Continue the paused campaign NAME: its held-back rows are due again.",
+)
+_simple(
+    "cancel",
+    "cancelled",
+    "cancelled",
+    "Cancel every unsent notification, for good.",
+    "Cancel every unsent notification of campaign NAME, including those of a launch under way."
+    " Final: a cancelled campaign cannot be launched again; create a new one to send it.",
+)
 
 
-def _watch(campaigns: Campaigns, name: str) -> int:
-    started = time.monotonic()
+def _watch(campaigns: Campaigns, name: str) -> Progress:
+    """Look at the campaign every second, drawing its progress, until nothing is left to send
+    (or it is paused or cancelled, or the operator presses Ctrl-C); then its final counts."""
     try:
-        while True:
-            status = campaigns.status(name)
-            total = status.counts.notifications
-            _bar("sending", total - status.unfinished, total, started, extra=_counts(status))
-            if status.unfinished == 0 or status.campaign.status in ("paused", "cancelled"):
-                break
-            time.sleep(1.0)
+        with output.progress("sending", campaigns.status(name).counts.notifications) as bar:
+            while True:
+                status = campaigns.status(name)
+                total = status.counts.notifications
+                bar.show(total - status.unfinished, total, _counts(status))
+                if status.unfinished == 0 or status.campaign.status in ("paused", "cancelled"):
+                    break
+                time.sleep(WATCH_EVERY)
     except KeyboardInterrupt:
         pass  # stop watching; the campaign goes on
-    print()
-    print(_summary(campaigns.status(name)))
-    return 0
+    return campaigns.status(name)
+
+
+def _data(status: Progress) -> dict[str, Any]:
+    c = status.counts
+    return {
+        "name": status.campaign.name,
+        "status": status.campaign.status,
+        "recipients": c.recipients,
+        "codes": c.codes,
+        "codes_given": c.codes_given,
+        "enqueued": c.notifications,
+        "by_status": c.by_status,
+        "retrying": c.retrying,
+    }
 
 
 def _counts(status: Progress) -> str:
@@ -193,7 +330,8 @@ def _counts(status: Progress) -> str:
 def _summary(status: Progress) -> str:
     c = status.counts
     lines = [
-        f"campaign {status.campaign.name!r} ({status.campaign.channel}): {status.campaign.status}",
+        f"campaign {output.quoted(status.campaign.name)}"
+        f" ({terminal.shown(status.campaign.channel)}): {status.campaign.status}",
         f"  recipients {c.recipients}   codes {c.codes} ({c.codes_given} given)",
         f"  {_counts(status)}"
         + "".join(
@@ -201,20 +339,3 @@ def _summary(status: Progress) -> str:
         ),
     ]
     return "\n".join(lines)
-
-
-def _bar(
-    what: str, done: int, total: int, started: float, *, extra: str = "", finished: bool = False
-) -> None:
-    width = 30
-    share = done / total if total else 1.0
-    filled = int(width * share)
-    rate = done / max(time.monotonic() - started, 1e-6)
-    line = (
-        f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
-        f" {share:5.1%} {rate:,.0f}/s {extra}"
-    )
-    sys.stdout.write(line)
-    sys.stdout.flush()
-    if finished:
-        sys.stdout.write("\n")

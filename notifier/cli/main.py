@@ -1,43 +1,259 @@
-"""The ``notifier`` command: its root, ``send``, ``migrate``, ``health`` and ``metrics``; the other
-command groups live beside it (``ops``, ``campaigns``, ``content``)."""
+"""The ``notifier`` command: its root, ``send``, ``migrate``, ``health``, ``metrics`` and
+``events``; the other command groups live beside it (``ops``, ``campaigns``, ``content``), and
+``console`` in ``notifier.console.command``.
+
+``main`` runs it for the console script, ``python -m notifier.cli`` and the tests, and turns
+what went wrong into one line on stderr and an exit status (see ``notifier.cli.base``).
+"""
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from importlib import metadata
+from typing import Any
 
+import click
 import redis
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from notifier import client, db, health, logs, metrics
+from notifier import client, db, health, metrics
 from notifier.cli import campaigns as campaign_cli
 from notifier.cli import content as content_cli
 from notifier.cli import ops as ops_cli
-from notifier.cli import terminal
-from notifier.cli.parsing import parse_duration, parse_when
+from notifier.cli import output, terminal
+from notifier.cli.base import (
+    BAD_USAGE,
+    CONTEXT,
+    DATABASE_MISSING,
+    DATABASE_UNREACHABLE,
+    NOTHING_MATCHED,
+    REDIS_UNREACHABLE,
+    Group,
+    exclusive,
+)
+from notifier.cli.output import Table, Text
+from notifier.cli.parsing import DURATION, JSON_OBJECT, TIME
 from notifier.console import command as console_command
 from notifier.db import errors, migrate
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 
+__all__ = ["DATABASE_MISSING", "DATABASE_UNREACHABLE", "REDIS_UNREACHABLE", "cli", "main"]
 
-def _payload(value: str) -> dict[str, object]:
-    try:
-        data = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--payload is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise argparse.ArgumentTypeError("--payload must be a JSON object")
-    return data
+#: Exit status after Ctrl-C, as a shell reports a process SIGINT stopped.
+INTERRUPTED = 130
+
+SECTIONS = (
+    ("Notifications", ("send", "show", "cancel", "requeue", "stats")),
+    ("Campaigns and content", ("campaign", "template", "suppress")),
+    ("Running notifier", ("migrate", "health", "purge", "metrics", "events", "console")),
+)
+
+HELP = """\
+notifier delivers the notifications other services write into a PostgreSQL table, by email,
+SMS, push or webhook: it retries transient failures with backoff, gives up on the ones that
+can never work with a reason, and sends nothing twice. Celery workers do the sending; these
+commands are for the people who run it.
+
+Settings are NOTIFIER_* environment variables (README, "Configuration"); a misspelt one
+stops every command with exit status 2, naming it.
+
+\b
+Exit statuses:
+  0  done
+  1  nothing matched (no such row; nothing to change)
+  2  bad arguments or settings; nothing was done
+  3  the operator answered no to the confirmation; nothing changed
+  4  the database cannot be reached (NOTIFIER_DATABASE_URL)
+  5  the database does not exist (notifier migrate creates it)
+  6  Redis cannot be reached (NOTIFIER_REDIS_URL)
+
+'notifier COMMAND --help' shows a command's options. Every command that prints takes --json:
+one JSON document on stdout with the same data.
+
+\b
+Tab completion: add to ~/.bashrc (zsh and fish: README, "Operations")
+  eval "$(_NOTIFIER_COMPLETE=bash_source notifier)"
+"""
 
 
-def _cmd_migrate(args: argparse.Namespace) -> int:
-    migrate.migrate(down_to=args.down_to)
+@click.group(cls=Group, context_settings=CONTEXT, sections=SECTIONS, help=HELP)
+@click.version_option(
+    package_name="notifier",
+    prog_name="notifier",
+    message="%(prog)s %(version)s",
+    help="Print notifier's version and exit.",
+)
+def cli() -> None:
+    pass
+
+
+# --- migrate -------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "migrate",
+    short_help="Create the database if needed and apply the migrations.",
+    help="Create the database NOTIFIER_DATABASE_URL names if it does not exist, then bring it"
+    " to the newest schema (harmless to repeat); or, with --down-to, undo the migrations"
+    " after a revision, to roll back a release.\n\n"
+    "Example: notifier migrate --down-to 0011",
+)
+@click.option(
+    "--down-to",
+    metavar="REVISION",
+    help="Undo the migrations after REVISION (e.g. 0011): the schema of the release to go back to.",
+)
+@output.json_option
+def migrate_command(down_to: str | None) -> int:
+    said: list[str] = []
+    migrate.migrate(down_to=down_to, say=said.append)
+    name = make_url(get_settings().database_url).database
+    output.emit(
+        {
+            "database": name,
+            "created": any(line.startswith("created database") for line in said),
+            "revision": down_to or "head",
+        },
+        Text("\n".join(terminal.shown(line) for line in said)),
+    )
+    return 0
+
+
+# --- send ----------------------------------------------------------------------------------------
+
+
+@cli.command(
+    short_help="Queue one notification and print its id.",
+    help="Queue one notification and print its id (with --key, a second send with the same key"
+    " writes nothing and prints the first row's id). The channel is checked against the"
+    " installed providers before anything is written.\n\n"
+    "\b\nExamples:\n"
+    "  notifier send --channel email --to ann@example.com --subject hi --body hello\n"
+    "  notifier send --channel email --to ann@example.com --template welcome \\\n"
+    '      --locale de-AT --payload \'{"first_name": "Ann"}\'\n'
+    "  notifier send --channel email --to ann@example.com --subject 'Please confirm' \\\n"
+    "      --key confirm-reminder:user:42 --in 24h --guard http --expires-in 48h",
+)
+@click.option(
+    "--channel",
+    required=True,
+    metavar="CHANNEL",
+    help="email, sms, push, webhook, null, or another installed provider's channel.",
+)
+@click.option(
+    "--to",
+    required=True,
+    metavar="RECIPIENT",
+    help="An email address, an E.164 phone number (+14155550100), a push token, or an https"
+    " URL for webhooks.",
+)
+@click.option("--subject", metavar="TEXT", help="The subject (email, push).")
+@click.option("--body", metavar="TEXT", help="The body.")
+@click.option(
+    "--payload",
+    type=JSON_OBJECT,
+    metavar="JSON",
+    help='Channel extras and template variables, a JSON object: \'{"html": "<p>hi</p>"}\'.',
+)
+@click.option(
+    "--key",
+    metavar="KEY",
+    help="Dedupe key, e.g. signup:42: a second send with the same key writes nothing, and"
+    " 'notifier cancel KEY' withdraws the row.",
+)
+@click.option(
+    "--in",
+    "delay",
+    type=DURATION,
+    metavar="DURATION",
+    help="Send this long from now: a number and s, m, h or d, e.g. 90s or 24h (at most"
+    " 3650d). Instead of --at.",
+)
+@click.option(
+    "--at",
+    type=TIME,
+    metavar="TIME",
+    help="Send at this ISO 8601 time, e.g. 2026-12-01T09:00:00+01:00 (UTC without a zone)."
+    " Instead of --in.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=5,
+    metavar="N",
+    help="Attempts before the row is given up as dead.",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    metavar="N",
+    help="Due rows are sent highest priority first, e.g. 10 for a password reset; campaigns"
+    " use -10.",
+)
+@click.option(
+    "--expires-in",
+    type=DURATION,
+    metavar="DURATION",
+    help="Cancel the row instead of sending it if it is still unsent this long from now, e.g."
+    " 10m; must end after the send time (--in, --at).",
+)
+@click.option(
+    "--guard",
+    metavar="NAME",
+    help="A check that must agree right before the send, e.g. http (asks NOTIFIER_GUARD_HTTP_URL).",
+)
+@click.option(
+    "--template",
+    metavar="NAME",
+    help="A stored template (notifier template list) to render from --payload instead of"
+    " --subject/--body.",
+)
+@click.option(
+    "--locale",
+    metavar="LOCALE",
+    help="The template's locale, e.g. de-AT.  [default: NOTIFIER_DEFAULT_LOCALE]",
+)
+@output.json_option
+def send(
+    channel: str,
+    to: str,
+    delay: timedelta | None,
+    at: datetime | None,
+    expires_in: timedelta | None,
+    **fields: Any,
+) -> int:
+    exclusive(click.get_current_context(), "delay", "at")
+    _check_channel(channel)
+    now = datetime.now(UTC)
+    send_at = at if at is not None else now + (delay or timedelta(0))
+    if expires_in is not None and now + expires_in <= send_at:
+        raise ValueError(
+            "--expires-in ends before the send time (--in or --at): the row would expire unsent"
+        )
+    with db.engine().begin() as conn:
+        result = client.enqueue(
+            conn,
+            channel=channel,
+            to=to,
+            send_at=at,
+            delay=delay,
+            expires_at=None if expires_in is None else datetime.now(UTC) + expires_in,
+            **fields,
+        )
+    key = fields["key"]
+    output.emit(
+        {"id": result.id, "created": result.created, "key": key},
+        Text(
+            str(result.id)
+            if result.created
+            else f"{result.id} (already queued with key {output.quoted(key)}; nothing written)"
+        ),
+    )
     return 0
 
 
@@ -51,174 +267,151 @@ def _check_channel(channel: str) -> None:
     close = difflib.get_close_matches(channel, channels, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ValueError(
-        f"no provider serves channel {_shown(channel)} (installed: {', '.join(channels)}){hint}"
+        f"no provider serves channel {output.quoted(channel)}"
+        f" (installed: {', '.join(channels)}){hint}"
     )
 
 
-def _shown(value: str) -> str:
-    return terminal.shown(repr(value))
+# --- health, metrics, events ---------------------------------------------------------------------
 
 
-def _cmd_send(args: argparse.Namespace) -> int:
-    _check_channel(args.channel)
-    now = datetime.now(UTC)
-    send_at = args.at if args.at is not None else now + (args.delay or timedelta(0))
-    if args.expires_in is not None and now + args.expires_in <= send_at:
-        raise ValueError(
-            "--expires-in ends before the send time (--in or --at): the row would expire unsent"
-        )
-    with db.engine().begin() as conn:
-        result = client.enqueue(
-            conn,
-            channel=args.channel,
-            to=args.to,
-            subject=args.subject,
-            body=args.body,
-            payload=args.payload,
-            key=args.key,
-            send_at=args.at,
-            delay=args.delay,
-            max_attempts=args.max_attempts,
-            priority=args.priority,
-            expires_at=None if args.expires_in is None else datetime.now(UTC) + args.expires_in,
-            guard=args.guard,
-            template=args.template,
-            locale=args.locale,
-        )
-    if not result.created:
-        key = terminal.shown(repr(args.key))
-        print(f"{result.id} (already queued with key {key}; nothing written)")
-    else:
-        print(result.id)
-    return 0
-
-
-def _cmd_health(args: argparse.Namespace) -> int:
+@cli.command(
+    "health",
+    short_help="Exit 0 if PostgreSQL and Redis answer and due work is claimed.",
+    help="Check that PostgreSQL and Redis answer, that due rows are being claimed, and that no"
+    " rows are held by a worker that has stopped. One line per check; exit status 0 if all"
+    " pass, 1 if any fails. Used as the compose healthcheck.\n\n"
+    "Example: notifier health --worker",
+)
+@click.option(
+    "--worker",
+    is_flag=True,
+    help="Also require this worker's heartbeat (NOTIFIER_HEARTBEAT_FILE) to be recent: the"
+    " check for a worker's own container.",
+)
+@output.json_option
+def health_command(worker: bool) -> int:
     settings = get_settings()
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    redis_client = redis.Redis.from_url(
+        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
+    )
     checks = health.check(
-        db.engine(), client, settings, settings.heartbeat_file if args.worker else None
+        db.engine(), redis_client, settings, settings.heartbeat_file if worker else None
     )
-    client.close()
-    if args.json:
-        terminal.json_line([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
-    else:
-        for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {terminal.shown(c.detail)}")
-    return 0 if all(c.ok for c in checks) else 1
+    redis_client.close()
+    output.emit(
+        [{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+        Table(None, [("ok" if c.ok else "FAIL", c.name, c.detail) for c in checks]),
+    )
+    return 0 if all(c.ok for c in checks) else NOTHING_MATCHED
 
 
-def _cmd_metrics(args: argparse.Namespace) -> int:
+_HOST = click.option(
+    "--host",
+    default="0.0.0.0",  # noqa: S104
+    metavar="ADDRESS",
+    help="Address to listen on; 127.0.0.1 for this machine only.",
+)
+
+
+@cli.command(
+    "metrics",
+    short_help="Serve Prometheus metrics on NOTIFIER_METRICS_PORT (9808).",
+    help="Serve Prometheus metrics at /metrics: attempts by channel, provider and outcome,"
+    " send durations, due rows, the lag, rows processing, deaths in the last hour. They add"
+    " up across every worker on every machine (counted in Redis). Runs until stopped.",
+)
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_METRICS_PORT, 9808]",
+)
+@_HOST
+def metrics_command(port: int | None, host: str) -> int:
     settings = get_settings()
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    redis_client = redis.Redis.from_url(
+        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
+    )
     labels = metrics.Labels.of(load_registry(get_settings()))
-    metrics.serve(db.engine(), client, labels, args.port or settings.metrics_port, args.host)
+    metrics.serve(db.engine(), redis_client, labels, port or settings.metrics_port, host)
     return 0
 
 
-def _cmd_events(args: argparse.Namespace) -> int:
+@cli.command(
+    short_help="Serve providers' delivery webhooks and one-click unsubscribes.",
+    help="Serve the providers' delivery reports (delivered, bounced, complained) and one-click"
+    " unsubscribes, on NOTIFIER_EVENTS_PORT (8025), behind a TLS-terminating proxy whose https"
+    " address is NOTIFIER_EVENTS_PUBLIC_URL. Runs until stopped.",
+)
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_EVENTS_PORT, 8025]",
+)
+@_HOST
+def events(port: int | None, host: str) -> int:
     import uvicorn
 
     from notifier.events.app import create_app
 
     settings = get_settings()
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-    app = create_app(settings, db.engine(), client)
+    redis_client = redis.Redis.from_url(
+        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
+    )
+    app = create_app(settings, db.engine(), redis_client)
     # Behind a TLS-terminating proxy; Twilio's signature uses NOTIFIER_EVENTS_PUBLIC_URL, not
     # the Host header, so no forwarded header is trusted.
-    uvicorn.run(app, host=args.host, port=args.port or settings.events_port, proxy_headers=False)
+    uvicorn.run(app, host=host, port=port or settings.events_port, proxy_headers=False)
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {metadata.version('notifier')}"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("migrate", help="create the database if needed and apply migrations")
-    p.add_argument(
-        "--down-to",
-        metavar="REVISION",
-        help="undo the migrations after REVISION (e.g. 0011), to roll back a release",
-    )
-    p.set_defaults(func=_cmd_migrate)
-
-    p = sub.add_parser("send", help="queue one notification and print its id")
-    p.add_argument("--channel", required=True, help="email, webhook, null, ...")
-    p.add_argument("--to", required=True, help="recipient: email address, https URL, ...")
-    p.add_argument("--subject")
-    p.add_argument("--body")
-    p.add_argument("--payload", type=_payload, help="channel extras as a JSON object")
-    p.add_argument("--key", help="dedupe key: a second send with the same key writes nothing")
-    when = p.add_mutually_exclusive_group()
-    when.add_argument("--in", dest="delay", type=parse_duration, help="send later, e.g. 24h")
-    when.add_argument("--at", type=parse_when, help="send at an ISO 8601 time")
-    p.add_argument("--max-attempts", type=int, default=5)
-    p.add_argument("--priority", type=int, default=0, help="higher is sent first")
-    p.add_argument(
-        "--expires-in", type=parse_duration, help="cancel instead of sending after this, e.g. 10m"
-    )
-    p.add_argument("--guard", help="send-time check that must agree, e.g. http")
-    p.add_argument("--template", help="a stored template to render from --payload")
-    p.add_argument("--locale", help="the template's locale, e.g. de-AT")
-    p.set_defaults(func=_cmd_send)
-
-    p = sub.add_parser(
-        "health", help="exit 0 if PostgreSQL and Redis answer and due work is being claimed"
-    )
-    p.add_argument(
-        "--worker", action="store_true", help="also require this worker's recent heartbeat"
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_health)
-
-    campaign_cli.add_parser(sub)
-
-    p = sub.add_parser("metrics", help="serve Prometheus metrics (NOTIFIER_METRICS_PORT)")
-    p.add_argument("--port", type=int, help="default: NOTIFIER_METRICS_PORT")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
-    p.set_defaults(func=_cmd_metrics)
-
-    p = sub.add_parser(
-        "events",
-        help="serve providers' delivery webhooks and one-click unsubscribes (NOTIFIER_EVENTS_PORT)",
-    )
-    p.add_argument("--port", type=int, help="default: NOTIFIER_EVENTS_PORT")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
-    p.set_defaults(func=_cmd_events)
-
-    ops_cli.add_parsers(sub)
-    content_cli.add_parsers(sub)
-    console_command.add_parser(sub)
-    return parser
+for _command in (
+    *ops_cli.COMMANDS,
+    campaign_cli.campaign,
+    *content_cli.COMMANDS,
+    console_command.command,
+):
+    cli.add_command(_command)
 
 
-#: Exit statuses besides 0 (done), 1 (nothing matched), 2 (bad arguments or settings) and 3
-#: (the operator declined): the database cannot be reached, it does not exist, Redis cannot be
-#: reached.
-DATABASE_UNREACHABLE, DATABASE_MISSING, REDIS_UNREACHABLE = 4, 5, 6
+# --- running it ----------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``notifier ARGV`` (default: this process's arguments); return its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        logs.configure(get_settings())
         with terminal.guarded():
-            return int(args.func(args))
+            status = cli.main(args, prog_name="notifier", standalone_mode=False)
+            _flush()
+        return int(status or 0)
+    except click.ClickException as exc:  # usage errors: exit status 2
+        exc.show()
+        return exc.exit_code
+    except click.Abort:  # Ctrl-C
+        output.error("interrupted")
+        return INTERRUPTED
     except (OperationalError, InterfaceError) as exc:
         line = errors.connection_problem(exc, get_settings().database_url)
         if line is None:
             raise
-        print(f"notifier: {terminal.shown(line)}", file=sys.stderr)
+        output.error(line)
         return DATABASE_MISSING if errors.database_missing(exc) else DATABASE_UNREACHABLE
     except redis.ConnectionError as exc:
-        print(
-            f"notifier: cannot connect to Redis (NOTIFIER_REDIS_URL): {terminal.shown(exc)}",
-            file=sys.stderr,
-        )
+        output.error(f"cannot connect to Redis (NOTIFIER_REDIS_URL): {exc}")
         return REDIS_UNREACHABLE
+    except BrokenPipeError:  # stdout's reader has gone (notifier stats | head -1)
+        output.stdout_closed()
+        return 0
     except (ValueError, OSError) as exc:
-        print(f"notifier: {terminal.shown(exc)}", file=sys.stderr)
-        return 2
+        output.error(exc)
+        return BAD_USAGE
+
+
+def _flush() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        output.stdout_closed()

@@ -10,297 +10,398 @@ they ask on stdin, unless ``--yes``. ``--dry-run`` only counts.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from notifier import client, db, logs, ops
-from notifier.cli import terminal
-from notifier.cli.parsing import parse_duration, parse_when, whole_number
+import click
+
+from notifier import client, db, ops
+from notifier.cli import output
+from notifier.cli.base import DECLINED, NOTHING_MATCHED, Command, exclusive
+from notifier.cli.output import Fields, Table, Text
+from notifier.cli.parsing import DURATION, TIME, Parsed, whole_number
 from notifier.db import producers
 from notifier.models import Status
 from notifier.settings import get_settings
 
-DECLINED = 3
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def add_parsers(sub: Any) -> None:
-    """Add the operators' subcommands to the ``notifier`` parser's subparsers."""
+def _times(what: str) -> Callable[[F], F]:
+    """``--since``/``--last`` and ``--until``: the rows' ``what`` time."""
 
-    def times(p: argparse.ArgumentParser, what: str) -> None:
-        since = p.add_mutually_exclusive_group()
-        since.add_argument("--since", type=parse_when, help=f"{what} at or after (ISO 8601)")
-        since.add_argument(
-            "--last", type=parse_duration, help=f"{what} in the last ..., e.g. 2h or 7d"
-        )
-        p.add_argument("--until", type=parse_when, help=f"{what} before (ISO 8601)")
+    def add(command: F) -> F:
+        for option in reversed(
+            (
+                click.option(
+                    "--since",
+                    type=TIME,
+                    metavar="TIME",
+                    help=f"Only rows {what} at or after this ISO 8601 time, e.g."
+                    " 2026-11-29T10:00:00Z (UTC without a zone).",
+                ),
+                click.option(
+                    "--last",
+                    type=DURATION,
+                    metavar="DURATION",
+                    help=f"Only rows {what} in the last DURATION: a number and s, m, h or d,"
+                    " e.g. 2h or 7d (at most 3650d). Instead of --since.",
+                ),
+                click.option(
+                    "--until",
+                    type=TIME,
+                    metavar="TIME",
+                    help=f"Only rows {what} before this ISO 8601 time.",
+                ),
+            )
+        ):
+            command = option(command)
+        return command
 
-    def bulk(p: argparse.ArgumentParser, verb: str) -> None:
-        p.add_argument("--all", action="store_true", help=f"{verb} every row (no filter given)")
-        p.add_argument("--dry-run", action="store_true", help="count what matches; change nothing")
-        p.add_argument("--yes", action="store_true", help="do not ask, however many rows match")
-        p.add_argument(
-            "--confirm-above",
-            type=int,
-            default=100,
-            metavar="N",
-            help="ask on stdin when more than N rows match (default 100)",
-        )
-        p.add_argument("--batch-size", type=int, default=ops.BATCH_SIZE, help=argparse.SUPPRESS)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-
-    p = sub.add_parser("stats", help="rows by status and channel, lag, and recent throughput")
-    p.add_argument(
-        "--minutes",
-        type=whole_number(1, 1440),
-        default=5,
-        help="whole minutes of throughput shown (at most 1440, a day)",
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_logged(_stats))
-
-    p = sub.add_parser("show", help="one notification and its whole attempt history")
-    p.add_argument("id", type=int)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_logged(_show))
-
-    p = sub.add_parser(
-        "requeue",
-        help="send dead notifications again: back to pending, due now, attempts reset",
-        description="Dead rows back to pending, due now, with their attempts reset to 0. "
-        "Filters combine; times are when the rows died.",
-    )
-    p.add_argument("--id", type=int, action="append", default=[], help="this row (repeatable)")
-    p.add_argument("--channel", action="append", default=[], help="this channel (repeatable)")
-    times(p, "died")
-    p.add_argument("--error", help="last_error contains this text (case ignored)")
-    bulk(p, "requeue")
-    p.set_defaults(func=_logged(_requeue))
-
-    p = sub.add_parser(
-        "cancel",
-        help="cancel notifications that have not been sent yet",
-        description="Cancel one row by its dedupe key or --id, or every unsent row matching "
-        "the filters (times are when the rows were created).",
-    )
-    p.add_argument("key", nargs="?", help="the row's dedupe key")
-    p.add_argument("--id", type=int, action="append", default=[], help="this row (repeatable)")
-    p.add_argument("--reason", default="cancelled by operator", help="stored in last_error")
-    p.add_argument("--channel", action="append", default=[], help="this channel (repeatable)")
-    p.add_argument("--campaign", help="rows of this campaign (by name)")
-    times(p, "created")
-    p.add_argument(
-        "--status",
-        action="append",
-        choices=[Status.pending.value, Status.processing.value],
-        help="only rows in this status (repeatable; default both)",
-    )
-    bulk(p, "cancel")
-    p.set_defaults(func=_logged(_cancel))
-
-    p = sub.add_parser(
-        "purge",
-        help="delete finished rows past their retention, with their attempt history",
-        description="Delete sent, dead and cancelled rows that finished longer ago than "
-        "NOTIFIER_RETENTION_SENT_DAYS (30), _DEAD_DAYS (365) and _CANCELLED_DAYS (30), and "
-        "their attempt history, in batches. Pending and processing rows are never touched.",
-    )
-    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
-    p.add_argument("--batch-size", type=int, default=ops.BATCH_SIZE, help="rows per transaction")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_logged(_purge))
+    return add
 
 
-def _logged(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``command``, run with logging set up as NOTIFIER_LOG_FORMAT says."""
+def _bulk(verb: str) -> Callable[[F], F]:
+    """The options of a counted bulk change: ``--all``, ``--dry-run``, ``--yes``, ..."""
 
-    def run(args: argparse.Namespace) -> int:
-        logs.configure(get_settings())
-        return command(args)
+    def add(command: F) -> F:
+        for option in reversed(
+            (
+                click.option(
+                    "--all",
+                    "every",
+                    is_flag=True,
+                    help=f"{verb.capitalize()} every matching row; needed when no filter is"
+                    " given, so a bare command never touches the whole table.",
+                ),
+                click.option(
+                    "--dry-run", is_flag=True, help="Only count what matches; change nothing."
+                ),
+                click.option(
+                    "--yes",
+                    is_flag=True,
+                    help="Do not ask for confirmation, however many rows match.",
+                ),
+                click.option(
+                    "--confirm-above",
+                    type=click.IntRange(min=0),
+                    default=100,
+                    metavar="N",
+                    help="Ask on stdin (y/N) before changing more than N rows.",
+                ),
+                click.option(
+                    "--batch-size",
+                    type=click.IntRange(min=1),
+                    default=ops.BATCH_SIZE,
+                    hidden=True,
+                    help="Rows per transaction.",
+                ),
+                output.json_option,
+            )
+        ):
+            command = option(command)
+        return command
 
-    return run
+    return add
+
+
+_ID = click.option(
+    "--id",
+    "ids",
+    type=int,
+    multiple=True,
+    metavar="ID",
+    help="This notification, by its id (repeatable: --id 1 --id 2).",
+)
+_CHANNEL = click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Only rows of this channel, e.g. email (repeatable).",
+)
 
 
 # --- stats and show -------------------------------------------------------------------------------
 
 
-def _stats(args: argparse.Namespace) -> int:
-    stats = ops.stats(db.engine(), args.minutes)
+@click.command(
+    cls=Command,
+    short_help="Rows by status and channel, the lag, and recent throughput.",
+    help="Rows by status and channel, how many are due and how long the oldest due row has"
+    " waited (the lag), then sends, retries and deaths per minute over the last --minutes."
+    "\n\nExample: notifier stats --minutes 60",
+)
+@click.option(
+    "--minutes",
+    type=Parsed("minutes", whole_number(1, 1440)),
+    default=5,
+    metavar="N",
+    help="Whole minutes of throughput to show, 1 to 1440 (a day).",
+)
+@output.json_option
+def stats(minutes: int) -> int:
+    stats = ops.stats(db.engine(), minutes)
     q = stats.queue
-    if args.json:
-        terminal.json_line(
+    data = {
+        "by_status_channel": [
+            {"status": s, "channel": c, "count": n} for s, c, n in q.by_status_channel
+        ],
+        "due": q.due,
+        "lag_seconds": q.lag_seconds,
+        "sent_per_minute": stats.sent_per_minute,
+        "throughput": [
             {
-                "by_status_channel": [
-                    {"status": s, "channel": c, "count": n} for s, c, n in q.by_status_channel
-                ],
-                "due": q.due,
-                "lag_seconds": q.lag_seconds,
-                "sent_per_minute": stats.sent_per_minute,
-                "throughput": [
-                    {
-                        "minute": m.start.isoformat(),
-                        "sent": m.sent,
-                        "retry": m.retry,
-                        "dead": m.dead,
-                        "partial": m.partial,
-                    }
-                    for m in stats.minutes
-                ],
+                "minute": m.start.isoformat(),
+                "sent": m.sent,
+                "retry": m.retry,
+                "dead": m.dead,
+                "partial": m.partial,
             }
-        )
-        return 0
-    terminal.table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel])
-    print(f"\ndue now: {q.due}   lag (oldest due row waiting): {q.lag_seconds:.1f}s\n")
-    terminal.table(
-        ["MINUTE (UTC)", "SENT", "RETRY", "DEAD"],
-        [
-            (
-                m.start.astimezone(UTC).strftime("%H:%M") + (" (so far)" if m.partial else ""),
-                m.sent,
-                m.retry,
-                m.dead,
-            )
             for m in stats.minutes
         ],
-    )
-    print(f"\nsent per minute: {stats.sent_per_minute:.1f} (mean of the whole minutes)")
+    }
+    blocks: list[output.Block] = [
+        Table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel]),
+        Text(f"\ndue now: {q.due}   lag (oldest due row waiting): {q.lag_seconds:.1f}s\n"),
+        Table(
+            ["MINUTE (UTC)", "SENT", "RETRY", "DEAD"],
+            [
+                (
+                    m.start.astimezone(UTC).strftime("%H:%M") + (" (so far)" if m.partial else ""),
+                    m.sent,
+                    m.retry,
+                    m.dead,
+                )
+                for m in stats.minutes
+            ],
+        ),
+        Text(f"\nsent per minute: {stats.sent_per_minute:.1f} (mean of the whole minutes)"),
+    ]
     if not get_settings().record_attempts:
-        print("(NOTIFIER_RECORD_ATTEMPTS is off: throughput comes from the attempt history)")
+        blocks.append(
+            Text("(NOTIFIER_RECORD_ATTEMPTS is off: throughput comes from the attempt history)")
+        )
+    output.emit(data, *blocks)
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
-    story = ops.show(db.engine(), args.id)
+@click.command(
+    cls=Command,
+    short_help="One notification and its whole attempt history.",
+    help="One notification (every column that is set) and its attempt history, oldest first."
+    " Exit status 1 if there is no such row.\n\nExample: notifier show 1042",
+)
+@click.argument("notification_id", metavar="ID", type=int)
+@output.json_option
+def show(notification_id: int) -> int:
+    story = ops.show(db.engine(), notification_id)
     if story is None:
-        print(f"no notification {args.id}", file=sys.stderr)
-        return 1
-    if args.json:
-        terminal.json_line({"notification": story.row, "attempts": story.attempts})
-        return 0
-    width = max(len(k) for k in story.row)
-    print(f"notification {story.row['id']}")
-    for key, value in story.row.items():
-        if key != "id" and value is not None:
-            print(f"  {key:<{width}}  {terminal.shown(value)}")
-    print(f"\nattempts ({len(story.attempts)})")
+        output.note(f"no notification {notification_id}")
+        return NOTHING_MATCHED
+    blocks: list[output.Block] = [
+        Fields(
+            [(k, v) for k, v in story.row.items() if k != "id" and v is not None],
+            title=f"notification {story.row['id']}",
+        ),
+        Text(f"\nattempts ({len(story.attempts)})"),
+    ]
     if story.attempts:
-        terminal.table(
-            ["#", "AT", "WORKER", "CHANNEL", "OUTCOME", "TOOK", "ERROR"],
-            [
-                (
-                    a["attempt"],
-                    terminal.shown(a["at"]),
-                    a["worker"],
-                    a["channel"],
-                    a["outcome"],
-                    "" if a["duration_ms"] is None else f"{a['duration_ms']} ms",
-                    a["error"] or "",
-                )
-                for a in story.attempts
-            ],
-            indent="  ",
+        blocks.append(
+            Table(
+                ["#", "AT", "WORKER", "CHANNEL", "OUTCOME", "TOOK", "ERROR"],
+                [
+                    (
+                        a["attempt"],
+                        a["at"],
+                        a["worker"],
+                        a["channel"],
+                        a["outcome"],
+                        "" if a["duration_ms"] is None else f"{a['duration_ms']} ms",
+                        a["error"] or "",
+                    )
+                    for a in story.attempts
+                ],
+                indent="  ",
+            )
         )
+    output.emit({"notification": story.row, "attempts": story.attempts}, *blocks)
     return 0
 
 
 # --- requeue and cancel -------------------------------------------------------------------------
 
 
-def _requeue(args: argparse.Namespace) -> int:
-    _need_a_filter(
-        args, args.id or args.channel or args.since or args.last or args.until or args.error
-    )
+@click.command(
+    cls=Command,
+    short_help="Send dead notifications again (back to pending, due now).",
+    help="Dead rows back to pending, due now, with their attempts reset to 0 (last_error is"
+    " kept). Filters combine; times are when the rows died. Works in batches of 5,000 rows,"
+    " each its own transaction.\n\n"
+    "Exit status: 0 done, 1 nothing matched, 3 not confirmed.\n\n"
+    "\b\nExamples:\n"
+    '  notifier requeue --channel email --last 2h --error "451"\n'
+    "  notifier requeue --id 1042 --id 1043 --yes\n"
+    "  notifier requeue --all --dry-run",
+)
+@_ID
+@_CHANNEL
+@_times("that died")
+@click.option(
+    "--error",
+    metavar="TEXT",
+    help="Only rows whose last_error contains TEXT (case ignored), e.g. 451.",
+)
+@_bulk("requeue")
+def requeue(
+    ids: tuple[int, ...],
+    channels: tuple[str, ...],
+    since: datetime | None,
+    last: timedelta | None,
+    until: datetime | None,
+    error: str | None,
+    **bulk: Any,
+) -> int:
+    ctx = click.get_current_context()
+    exclusive(ctx, "since", "last")
+    _need_a_filter("requeue", bulk, ids or channels or since or last or until or error)
     f = ops.DeadFilter(
-        ids=args.id,
-        channels=args.channel,
-        since=_since(args),
-        until=args.until,
-        error=args.error,
+        ids=list(ids),
+        channels=list(channels),
+        since=_since(since, last),
+        until=until,
+        error=error,
     )
     engine = db.engine()
     count, snap = ops.count_requeue(engine, f)
-    return _bulk(
-        args,
+    return _change(
+        bulk,
         count,
         "dead notifications",
         "requeue",
         "requeued",
         lambda progress: ops.requeue(
-            engine, f, snap, batch_size=args.batch_size, progress=progress
+            engine, f, snap, batch_size=bulk["batch_size"], progress=progress
         ),
     )
 
 
-def _cancel(args: argparse.Namespace) -> int:
-    filters = bool(
-        args.channel or args.campaign or args.since or args.last or args.until or args.status
-    )
-    if args.key is not None or args.id:
-        if args.key is not None and args.id:
+@click.command(
+    cls=Command,
+    short_help="Cancel notifications that have not been sent yet.",
+    help="Cancel one row by its dedupe KEY or by --id (repeatable), or every unsent row"
+    " matching the filters (times are when the rows were created). The reason goes to"
+    " last_error.\n\n"
+    "Exit status: 0 done; 1 a row named by KEY or --id was not waiting to be sent (no such"
+    " row, or already finished), or no row matched the filters; 3 not confirmed.\n\n"
+    "\b\nExamples:\n"
+    '  notifier cancel signup-reminder:42 --reason "user confirmed"\n'
+    "  notifier cancel --id 1042 --id 1043\n"
+    "  notifier cancel --channel sms --status pending --since 2026-11-29T10:00:00Z --yes",
+)
+@click.argument("key", required=False)
+@_ID
+@click.option(
+    "--reason",
+    default="cancelled by operator",
+    metavar="TEXT",
+    help="Why, stored in each cancelled row's last_error.",
+)
+@_CHANNEL
+@click.option("--campaign", metavar="NAME", help="Only rows of this campaign, by its name.")
+@_times("created")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([Status.pending.value, Status.processing.value]),
+    help="Only rows in this status (repeatable; default both).",
+)
+@_bulk("cancel")
+def cancel(
+    key: str | None,
+    ids: tuple[int, ...],
+    reason: str,
+    channels: tuple[str, ...],
+    campaign: str | None,
+    since: datetime | None,
+    last: timedelta | None,
+    until: datetime | None,
+    statuses: tuple[str, ...],
+    **bulk: Any,
+) -> int:
+    ctx = click.get_current_context()
+    exclusive(ctx, "since", "last")
+    filters = bool(channels or campaign or since or last or until or statuses)
+    if key is not None or ids:
+        if key is not None and ids:
             raise ValueError("give a key or --id, not both")
-        if filters or args.all or args.dry_run:
+        if filters or bulk["every"] or bulk["dry_run"]:
             raise ValueError("a key or --id cancels one row: leave out filters, --all, --dry-run")
-        return _cancel_one(args)
-    _need_a_filter(args, filters)
+        return _cancel_one(key, ids, reason)
+    _need_a_filter("cancel", bulk, filters)
     f = ops.WaitingFilter(
-        statuses=tuple(args.status or (Status.pending, Status.processing)),
-        channels=args.channel,
-        campaign=args.campaign,
-        since=_since(args),
-        until=args.until,
+        statuses=tuple(statuses or (Status.pending, Status.processing)),
+        channels=list(channels),
+        campaign=campaign,
+        since=_since(since, last),
+        until=until,
     )
     engine = db.engine()
     count, snap = ops.count_cancel(engine, f)
-    return _bulk(
-        args,
+    return _change(
+        bulk,
         count,
         "unsent notifications",
         "cancel",
         "cancelled",
         lambda progress: ops.cancel(
-            engine, f, snap, args.reason, batch_size=args.batch_size, progress=progress
+            engine, f, snap, reason, batch_size=bulk["batch_size"], progress=progress
         ),
     )
 
 
-def _cancel_one(args: argparse.Namespace) -> int:
+def _cancel_one(key: str | None, ids: tuple[int, ...], reason: str) -> int:
     """Cancel the row with this key, or each row of ``--id``; 1 if any was not waiting."""
-    reason = args.reason
-    outcomes: list[tuple[str, bool]] = []
+    outcomes: list[tuple[dict[str, object], str, bool]] = []
     with db.engine().begin() as conn:
-        if args.id:
-            for row_id in dict.fromkeys(args.id):
+        if ids:
+            for row_id in dict.fromkeys(ids):
                 done = producers.cancel_by_id(conn, row_id, reason)
-                outcomes.append((f"notification {row_id}", done))
+                outcomes.append(({"id": row_id}, f"notification {row_id}", done))
         else:
-            done = client.cancel(conn, args.key, reason)
-            outcomes.append((f"the notification with key {terminal.shown(repr(args.key))}", done))
-    for what, done in outcomes:
-        if done:
-            print(f"cancelled {what}")
-        else:
-            print(f"{what} was not waiting to be sent (no such row, or already finished)")
-    return 0 if all(done for _, done in outcomes) else 1
+            assert key is not None
+            done = client.cancel(conn, key, reason)
+            what = f"the notification with key {output.quoted(key)}"
+            outcomes.append(({"key": key}, what, done))
+    lines = [
+        f"cancelled {what}"
+        if done
+        else f"{what} was not waiting to be sent (no such row, or already finished)"
+        for _, what, done in outcomes
+    ]
+    output.emit(
+        [{**row, "cancelled": done} for row, _, done in outcomes],
+        Text("\n".join(lines)),
+    )
+    return 0 if all(done for _, _, done in outcomes) else NOTHING_MATCHED
 
 
-def _need_a_filter(args: argparse.Namespace, given: object) -> None:
-    if not given and not args.all:
+def _need_a_filter(verb: str, bulk: dict[str, Any], given: object) -> None:
+    if not given and not bulk["every"]:
         raise ValueError(
-            f"no filter given: name the rows to {args.command} "
-            "(see --help), or pass --all to mean every one"
+            f"no filter given: name the rows to {verb} (see --help), or pass --all to mean"
+            " every one"
         )
 
 
-def _since(args: argparse.Namespace) -> datetime | None:
-    last: timedelta | None = args.last
-    since: datetime | None = args.since
+def _since(since: datetime | None, last: timedelta | None) -> datetime | None:
     return since if last is None else datetime.now(UTC) - last
 
 
-def _bulk(
-    args: argparse.Namespace,
+def _change(
+    bulk: dict[str, Any],
     count: int,
     rows: str,
     verb: str,
@@ -308,75 +409,77 @@ def _bulk(
     apply: Callable[[ops.Progress | None], ops.Change],
 ) -> int:
     """Confirm, apply and report a counted bulk change."""
-    result: dict[str, Any] = {"matched": count, done: 0, "left": 0, "dry_run": args.dry_run}
+    dry_run = bool(bulk["dry_run"])
+    result: dict[str, Any] = {"matched": count, done: 0, "left": 0, "dry_run": dry_run}
     status = 0
     if count == 0:
-        message, status = f"no {rows} match; nothing {done}", 1
-    elif args.dry_run:
+        message, status = f"no {rows} match; nothing {done}", NOTHING_MATCHED
+    elif dry_run:
         message = f"{count} {rows} match; nothing {done} (dry run)"
-    elif not _confirmed(args, count, f"{verb} {count} {rows}?"):
+    elif not (bulk["yes"] or count <= bulk["confirm_above"]) and not output.confirm(
+        f"{verb} {count} {rows}?"
+    ):
         message, status = f"not confirmed; nothing {done} (--yes skips the question)", DECLINED
         result["confirmed"] = False
     else:
-        change = apply(_progress(done) if sys.stderr.isatty() and not args.json else None)
+        with output.progress(done, count) as bar:
+            change = apply(bar.show if bar.shown else None)
         result.update({done: change.changed, "left": change.left})
         message = f"{done} {change.changed} {rows}"
         if change.left:
             message += f"; {change.left} were held by a worker each time: run it again"
-    if args.json:
-        terminal.json_line(result)
-    else:
-        print(message)
+    output.emit(result, Text(message))
     return status
-
-
-def _confirmed(args: argparse.Namespace, count: int, question: str) -> bool:
-    if args.yes or count <= args.confirm_above:
-        return True
-    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()
-    if not answer.endswith("\n"):
-        print(file=sys.stderr)
-    return answer.strip().lower() in ("y", "yes")
-
-
-def _progress(done: str) -> ops.Progress:
-    def show(n: int) -> None:
-        print(f"\r{done} {n}...", end="", file=sys.stderr, flush=True)
-
-    return show
 
 
 # --- purge ----------------------------------------------------------------------------------------
 
 
-def _purge(args: argparse.Namespace) -> int:
+@click.command(
+    cls=Command,
+    short_help="Delete finished rows past their retention, with their history.",
+    help="Delete sent, dead and cancelled rows that finished longer ago than"
+    " NOTIFIER_RETENTION_SENT_DAYS (30), NOTIFIER_RETENTION_DEAD_DAYS (365) and"
+    " NOTIFIER_RETENTION_CANCELLED_DAYS (30), and their attempt history, in batches, each its"
+    " own transaction. Pending and processing rows are never touched. Beat also runs this"
+    " daily at 03:17 UTC.\n\nExample: notifier purge --dry-run",
+)
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted; delete nothing.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=ops.BATCH_SIZE,
+    metavar="N",
+    help="Rows deleted per transaction.",
+)
+@output.json_option
+def purge(dry_run: bool, batch_size: int) -> int:
     settings = get_settings()
-    report = ops.purge(
-        db.engine(),
-        settings,
-        dry_run=args.dry_run,
-        batch_size=args.batch_size,
-        progress=_progress("deleted") if sys.stderr.isatty() and not args.json else None,
-    )
-    if args.json:
-        terminal.json_line(
-            {
-                "dry_run": report.dry_run,
-                "deleted": report.deleted,
-                "attempts": report.attempts,
-                "before": {s: at.isoformat() for s, at in report.before.items()},
-            }
+    with output.progress("deleted", drawn=not dry_run) as bar:
+        report = ops.purge(
+            db.engine(),
+            settings,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            progress=bar.show if bar.shown else None,
         )
-        return 0
-    if sys.stderr.isatty() and not report.dry_run:
-        print(file=sys.stderr)
-    terminal.table(
-        ["STATUS", "FINISHED BEFORE", "WOULD DELETE" if report.dry_run else "DELETED"],
-        [
-            (s, report.before[s].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC"), n)
-            for s, n in report.deleted.items()
-        ]
-        + [("(attempts)", "", report.attempts)],
+    output.emit(
+        {
+            "dry_run": report.dry_run,
+            "deleted": report.deleted,
+            "attempts": report.attempts,
+            "before": {s: at.isoformat() for s, at in report.before.items()},
+        },
+        Table(
+            ["STATUS", "FINISHED BEFORE", "WOULD DELETE" if report.dry_run else "DELETED"],
+            [
+                (s, report.before[s].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC"), n)
+                for s, n in report.deleted.items()
+            ]
+            + [("(attempts)", "", report.attempts)],
+        ),
     )
     return 0
+
+
+COMMANDS = (stats, show, requeue, cancel, purge)

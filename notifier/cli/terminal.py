@@ -3,10 +3,11 @@
 Rows hold text that producers, receivers and providers wrote: recipients, subjects, bodies,
 errors, keys, names. Printed raw, an escape sequence in one could clear the screen, retitle the
 window, rewrite an earlier line with ``\\r`` or reorder what follows with a bidi override. Every
-value the command prints goes through ``shown`` (tables through ``table``, ``--json`` through
-``json_line``), which spells such characters out visibly (``\\x1b``, ``\\u202e``); and ``guarded``
-wraps the command's standard output so that text printed any other way cannot carry them either
-(it keeps newlines and tabs, the one thing only ``shown`` can tell from a row's own).
+value the command prints goes through ``shown`` (``notifier.cli.output`` applies it to every
+cell and field; ``--json`` goes through ``json_text``), which spells such characters out
+visibly (``\\x1b``, ``\\u202e``); and ``guarded`` wraps the command's standard output so that
+text printed any other way cannot carry them either (it keeps newlines and tabs, the one thing
+only ``shown`` can tell from a row's own).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -49,23 +50,15 @@ def shown(value: object) -> str:
     return escape(str(value))
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> None:
-    """Left-aligned text columns, right-aligned numbers; every cell through ``shown``."""
-    cells = [list(header)] + [[shown(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    numeric = [bool(rows) and all(isinstance(r[i], int) for r in rows) for i in range(len(header))]
-    for r in cells:
-        line = "  ".join(
-            c.rjust(w) if numeric[i] else c.ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        print(indent + line.rstrip())
+def escape_lines(text: str) -> str:
+    """``text`` with what a terminal would act on spelled out, except its newlines and tabs."""
+    return _UNSAFE_IN_LINES.sub(_spelled, text)
 
 
-def json_line(data: object) -> None:
+def json_text(data: object) -> str:
     """``data`` as one line of JSON; characters a terminal acts on as ``\\u`` escapes."""
     text = json.dumps(data, default=_jsonable, ensure_ascii=False)
-    print(_UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text))
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 def _jsonable(value: object) -> object:
@@ -81,7 +74,7 @@ class _Guard:
         self._inner = inner
 
     def write(self, text: str) -> int:
-        self._inner.write(_UNSAFE_IN_LINES.sub(_spelled, text))
+        self._inner.write(escape_lines(text))
         return len(text)
 
     def __getattr__(self, name: str) -> Any:

@@ -1,46 +1,70 @@
 """``notifier console`` (serve the console) and ``notifier console hash-password``.
 
-Only argparse here at import: the ``notifier`` command loads this for every subcommand, and
-the web stack is imported when the console actually starts.
+Only click here at import: the ``notifier`` command loads this for every subcommand, and the
+web stack is imported when the console actually starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import sys
-from typing import Any
+
+import click
+
+from notifier.cli import output
+from notifier.cli.base import BAD_USAGE, Command
+from notifier.cli.output import Text
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "console",
-        help="serve the operators' web console (NOTIFIER_CONSOLE_*), or hash a password for it",
-        description="Serve the console on NOTIFIER_CONSOLE_HOST:NOTIFIER_CONSOLE_PORT "
-        "(127.0.0.1:8090); it refuses to start without NOTIFIER_CONSOLE_USERS. "
-        "'hash-password' reads a password (from the terminal, or one line of stdin) and "
-        "prints the hash to put in NOTIFIER_CONSOLE_USERS as name:HASH:role.",
-    )
-    p.add_argument("action", nargs="?", choices=["serve", "hash-password"], default="serve")
-    p.add_argument("--host", help="address to listen on (default: NOTIFIER_CONSOLE_HOST)")
-    p.add_argument("--port", type=int, help="port (default: NOTIFIER_CONSOLE_PORT)")
-    p.set_defaults(func=run)
+@click.command(
+    "console",
+    cls=Command,
+    short_help="Serve the operators' web console, or hash a password for it.",
+    help="Serve the operators' web console on NOTIFIER_CONSOLE_HOST:NOTIFIER_CONSOLE_PORT"
+    " (127.0.0.1:8090). It refuses to start without NOTIFIER_CONSOLE_USERS"
+    " (name:HASH:role,...; roles admin and viewer). Keep it on loopback and reach it through"
+    " an SSH tunnel or a TLS-terminating proxy.\n\n"
+    "'hash-password' reads a password (twice from a terminal, or one line of stdin) and prints"
+    " the hash to put in NOTIFIER_CONSOLE_USERS.\n\n"
+    "\b\nExamples:\n"
+    "  notifier console hash-password\n"
+    "  echo 'pw' | notifier console hash-password\n"
+    "  notifier console --port 8090",
+)
+@click.argument(
+    "action", type=click.Choice(["serve", "hash-password"]), default="serve", required=False
+)
+@click.option(
+    "--host",
+    metavar="ADDRESS",
+    help="Address to listen on.  [default: NOTIFIER_CONSOLE_HOST, 127.0.0.1]",
+)
+@click.option(
+    "--port",
+    type=int,
+    metavar="PORT",
+    help="Port to listen on.  [default: NOTIFIER_CONSOLE_PORT, 8090]",
+)
+@output.json_option
+def command(action: str, host: str | None, port: int | None) -> int:
+    if action == "hash-password":
+        return hash_password()
+    return serve(host, port)
 
 
-def run(args: argparse.Namespace) -> int:
+def hash_password() -> int:
     from notifier.console.auth import hash_password
 
-    if args.action == "hash-password":
-        if sys.stdin.isatty():
-            password = getpass.getpass("password: ")
-            if getpass.getpass("again: ") != password:
-                print("notifier: the passwords differ", file=sys.stderr)
-                return 2
-        else:
-            password = sys.stdin.readline().rstrip("\r\n")
-        print(hash_password(password))
-        return 0
-    return serve(args.host, args.port)
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            output.error("the passwords differ")
+            return BAD_USAGE
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    hashed = hash_password(password)
+    output.emit({"hash": hashed}, Text(hashed))
+    return 0
 
 
 def serve(host: str | None = None, port: int | None = None) -> int:

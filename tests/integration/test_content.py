@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -17,7 +16,7 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from notifier.cli import content as content_cli
+from notifier.cli.main import cli
 from notifier.db import content as content_db
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.outcomes import Cancelled
@@ -362,10 +361,7 @@ def test_an_override_sends_to_the_override_and_suppresses_what_bounced(
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    parser = argparse.ArgumentParser(prog="notifier")
-    content_cli.add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    status = int(args.func(args))
+    status = cli.main(list(argv), prog_name="notifier", standalone_mode=False)
     return status, capsys.readouterr().out
 
 
