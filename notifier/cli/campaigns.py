@@ -46,8 +46,9 @@ def _campaigns() -> Campaigns:
 @campaign.command(
     short_help="Create a draft campaign.",
     help="Create a draft campaign named NAME. Subject and body are templates with {placeholders}:"
-    " {recipient}, {code} and any audience field (a CSV column or query column). A field missing"
-    " for any recipient stops the launch before anything is written.",
+    " {recipient}, {code} and any audience field (a CSV column or query column); or name a"
+    " stored Jinja2 template with --template, whose {{ variables }} are the same fields. A field"
+    " missing for any recipient stops the launch before anything is written.",
 )
 @_NAME
 @click.option(
@@ -58,6 +59,17 @@ def _campaigns() -> Campaigns:
 )
 @click.option("--subject", metavar="TEMPLATE", help="e.g. 'Your code, {name}'.")
 @click.option("--body", metavar="TEMPLATE", help="e.g. 'Use {code} before Friday.'")
+@click.option(
+    "--template",
+    metavar="NAME",
+    help="A stored template (notifier template add) instead of --subject and --body: rendered"
+    " per recipient by the worker, HTML included, from the recipient's fields and code.",
+)
+@click.option(
+    "--locale",
+    metavar="LOCALE",
+    help="The stored template's locale, e.g. de-AT (falls back to de, then the default).",
+)
 @click.option(
     "--payload",
     type=JSON_OBJECT,
@@ -85,6 +97,8 @@ def create(
     channel: str,
     subject: str | None,
     body: str | None,
+    template: str | None,
+    locale: str | None,
     payload: dict[str, Any],
     priority: int,
     max_attempts: int,
@@ -94,6 +108,8 @@ def create(
         channel,
         subject=subject,
         body=body,
+        template=template,
+        locale=locale,
         payload=payload,
         priority=priority,
         max_attempts=max_attempts,
@@ -134,18 +150,49 @@ def create(
     metavar="COLUMN",
     help="The CSV column holding the recipients.",
 )
+@click.option(
+    "--on-duplicate",
+    type=click.Choice(["skip", "refuse"]),
+    default="skip",
+    show_default=True,
+    help="A recipient on several lines of the CSV: keep its first line and report the others"
+    " (skip), or import nothing and name the repeat (refuse).",
+)
 @output.json_option
-def audience(name: str, csv: Path | None, query: str | None, recipient_column: str) -> int:
+def audience(
+    name: str, csv: Path | None, query: str | None, recipient_column: str, on_duplicate: str
+) -> int:
     exclusive(click.get_current_context(), "csv", "query", required=True)
-    if csv is not None:
-        with csv.open(newline="", encoding="utf-8") as rows:
-            lines = output.read_with_progress(rows, "reading")
-            # The import only iterates over its rows, as over a file's lines.
-            added = _campaigns().import_audience(name, cast(IO[str], lines), recipient_column)
-    else:
+    if csv is None:
         assert query is not None
         added = _campaigns().audience_from_query(name, query)
-    output.emit({"name": name, "added": added}, Text(f"{added} recipients added"))
+        output.emit({"name": name, "added": added}, Text(f"{added} recipients added"))
+        return 0
+    with csv.open(newline="", encoding="utf-8") as rows:
+        lines = output.read_with_progress(rows, "reading")
+        # The import only iterates over its rows, as over a file's lines.
+        report = _campaigns().import_csv(
+            name, cast(IO[str], lines), recipient_column, on_duplicate=on_duplicate
+        )
+    said = f"{report.added} recipients added"
+    if report.duplicates:
+        named = "; ".join(
+            f"line {d.line}: {output.quoted(d.recipient)}, first on line {d.first_line}"
+            for d in report.examples
+        )
+        more = ", ..." if report.duplicates > len(report.examples) else ""
+        said += f"; {report.duplicates} repeated lines skipped ({named}{more})"
+    data = {
+        "name": name,
+        "added": report.added,
+        "fields": report.fields,
+        "duplicates": report.duplicates,
+        "examples": [
+            {"line": d.line, "recipient": d.recipient, "first_line": d.first_line}
+            for d in report.examples
+        ],
+    }
+    output.emit(data, Text(said))
     return 0
 
 

@@ -161,6 +161,12 @@ def stats(minutes: int) -> int:
             }
             for m in stats.minutes
         ],
+        "status_events": {
+            "pending": stats.status_events.pending,
+            "processing": stats.status_events.processing,
+            "dead": stats.status_events.dead,
+            "oldest_pending_seconds": stats.status_events.oldest_pending_seconds,
+        },
     }
     blocks: list[output.Block] = [
         Table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel]),
@@ -179,6 +185,15 @@ def stats(minutes: int) -> int:
         ),
         Text(f"\nsent per minute: {stats.sent_per_minute:.1f} (mean of the whole minutes)"),
     ]
+    events = stats.status_events
+    if events.pending or events.processing or events.dead:
+        blocks.append(
+            Text(
+                f"status webhook events: {events.pending} pending (oldest"
+                f" {events.oldest_pending_seconds:.0f}s), {events.processing} sending,"
+                f" {events.dead} dead"
+            )
+        )
     if not get_settings().record_attempts:
         blocks.append(
             Text("(NOTIFIER_RECORD_ATTEMPTS is off: throughput comes from the attempt history)")

@@ -352,3 +352,70 @@ def test_help_is_for_operators(capsys: pytest.CaptureFixture[str]) -> None:
         assert internal not in shown
     assert main(["-h"]) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_a_campaign_names_a_stored_template_and_reports_repeated_csv_lines(
+    capsys: pytest.CaptureFixture[str], engine: Engine, tmp_path: Path
+) -> None:
+    assert main(["template", "add", "gift", "--channel", "null", "--body", "Hi {{ name }}"]) == 0
+    code, out, _ = _run(
+        capsys, "campaign", "create", "gift", "--channel", "null", "--template", "gift"
+    )
+    assert code == 0, out
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT template FROM campaigns WHERE name = 'gift'")).one()
+    assert tuple(stored) == ("gift",)
+    code, _, err = _run(
+        capsys,
+        "campaign",
+        "create",
+        "both",
+        "--channel",
+        "null",
+        "--template",
+        "gift",
+        "--subject",
+        "x",
+    )
+    assert code == 2
+    assert "template" in err
+
+    csv = tmp_path / "repeats.csv"
+    csv.write_text("email,name\na@x.org,A\nb@x.org,B\na@x.org,again\n", encoding="utf-8")
+    code, out, _ = _run(
+        capsys, "campaign", "audience", "gift", "--csv", str(csv), "--recipient-column", "email"
+    )
+    assert code == 0
+    assert (
+        "2 recipients added; 1 repeated lines skipped (line 4: 'a@x.org', first on line 2)" in out
+    )
+    code, out, _ = _run(
+        capsys,
+        "campaign",
+        "audience",
+        "gift",
+        "--csv",
+        str(csv),
+        "--recipient-column",
+        "email",
+        "--json",
+    )
+    assert json.loads(out)["duplicates"] == 1
+
+    campaigns = Campaigns(engine)
+    campaigns.create("strict", "null", subject="s", body="b")
+    code, _, err = _run(
+        capsys,
+        "campaign",
+        "audience",
+        "strict",
+        "--csv",
+        str(csv),
+        "--recipient-column",
+        "email",
+        "--on-duplicate",
+        "refuse",
+    )
+    assert code == 2
+    assert "line 4 repeats 'a@x.org' from line 2" in err
+    assert campaigns.status("strict").counts.recipients == 0

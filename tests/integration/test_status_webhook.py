@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from sqlalchemy import Engine, text
 
 import notifier
 from notifier import metrics, ops, status_webhook
+from notifier.cli.main import main as cli_main
 from notifier.db import events as events_db
 from notifier.db import status_events as queries
 from notifier.db.rescue import rescue_expired
@@ -424,7 +426,11 @@ def test_a_bad_receiver_holds_back_only_the_request_it_mistreats(
 
 @pytest.mark.timeout(60)
 def test_retries_back_off_and_give_up_with_the_reason_shown_to_operators(
-    engine: Engine, settings: Settings, receiver: Receiver, redis_url: str
+    engine: Engine,
+    settings: Settings,
+    receiver: Receiver,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     receiver.status = 503
     on = _with_events(engine, settings, receiver.url, "k", status_webhook_max_attempts=2)
@@ -447,6 +453,17 @@ def test_retries_back_off_and_give_up_with_the_reason_shown_to_operators(
     assert dead["attempts"] == 2
     assert str(dead["last_error"]).startswith("gave up after 2 attempts; last error: HTTP 503")
     assert ops.stats(engine).status_events.dead == 1
+    capsys.readouterr()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # the command sets up logging: put it back
+    assert cli_main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status_events"]["dead"] == 1
+    assert cli_main(["stats"]) == 0
+    assert (
+        "status webhook events: 0 pending (oldest 0s), 0 sending, 1 dead" in capsys.readouterr().out
+    )
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
     client = redis.Redis.from_url(redis_url)
     found = samples(scrape(engine, client, metrics.Labels(frozenset(), frozenset())))
