@@ -163,6 +163,8 @@ def stack(container_engine: None, tmp_path_factory: pytest.TempPathFactory) -> I
                 "FLOWER_HOST_PORT=",
                 "METRICS_HOST_PORT=",
                 "POSTGRES_HOST_PORT=",
+                "EVENTS_HOST_PORT=",
+                "CONSOLE_HOST_PORT=",
                 "NOTIFIER_SMTP_HOST=mailcatcher",
                 "NOTIFIER_SMTP_PORT=1025",
                 "NOTIFIER_EMAIL_FROM=notifier@compose.example",
