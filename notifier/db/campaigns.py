@@ -90,9 +90,9 @@ LAST_POSITION = text(
     "SELECT coalesce(max(position), 0), now() FROM campaign_recipients WHERE campaign_id = :id"
 )
 
-# {subject} and {body} are SQL expressions built by ``notifier.campaigns.render_sql`` from the
-# campaign's templates; only bound parameters and fixed column names go into them. {payload} is
-# one of the two below.
+# {subject} and {body} are SQL expressions built by ``notifier.campaigns.messages.render_sql``
+# from the campaign's templates; only bound parameters and fixed column names go into them.
+# {payload} is one of the two below.
 FAN_OUT = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id,
@@ -306,8 +306,9 @@ def fan_out(
 ) -> int:
     """Write the notifications of the recipients at positions ``(after, upto]``, due at
     ``due`` (``None``: parked, for a paused campaign); how many were new. ``rendered`` is
-    (subject SQL, body SQL, their parameters) from ``campaigns.render_sql``. The caller holds
-    ``hold_writes`` and records the chunk with ``record_chunk`` in the same transaction.
+    (subject SQL, body SQL, their parameters) from ``campaigns.messages.render_sql``. The
+    caller holds ``hold_writes`` and records the chunk with ``record_chunk`` in the same
+    transaction.
 
     Every chunk of a launch gets the same ``due``: rows then enter the due index in id order,
     at its end, whichever chunks run side by side.

@@ -5,16 +5,12 @@ its code pool (a file, or generated) are imported; ``launch`` then writes one no
 recipient in set-based chunks. Every step can be repeated: re-running a launch after a crash
 finishes it without a second row or a second code for anyone (see ``notifier.db.campaigns``).
 
-Messages are filled from templates with ``{placeholders}``: ``{recipient}``, ``{code}`` and any
-audience field (a CSV column, a query column). Rendering happens inside the fan-out statement,
-from bound parameters only; a field missing for any recipient stops the launch before anything is
-written, naming the field.
-
-Or a campaign names a stored Jinja2 template (``notifier template add``): each row is written
-naming it, with the recipient's fields, ``code``, ``campaign`` and ``recipient`` in its payload,
-and the worker renders subject, text and HTML per recipient at send time, as for any templated
-row. The launch reads which variables the template uses (``jinja2.meta``) and stops, as above,
-when a recipient lacks one.
+Messages are filled from ``{placeholders}`` inside the fan-out statement, or a campaign names a
+stored Jinja2 template (``notifier template add``): each row is written naming it, with the
+recipient's fields, ``code``, ``campaign`` and ``recipient`` in its payload, and the worker
+renders subject, text and HTML per recipient at send time, as for any templated row. Either
+way a field missing for any recipient stops the launch before anything is written, naming it
+(``notifier.campaigns.messages``).
 
 A running campaign becomes ``finished`` once it is fully launched and none of its rows is
 pending or processing (``finish``: beat's sweep, and every ``status``).
@@ -24,36 +20,30 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import secrets
-import string
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import IO, Any
 
-from jinja2 import Environment, TemplateSyntaxError, meta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from notifier.campaigns.messages import (
+    BUILT_IN,
+    TEMPLATE_BUILT_IN,
+    CampaignError,
+    placeholders,
+    render_sql,
+    stored_template,
+    template_variables,
+)
 from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
-from notifier.db import content as content_db
 from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
-from notifier.db.content import TemplateRow
-from notifier.delivery.prepare import compile_parts, locale_chain
 from notifier.models import CampaignStatus
-from notifier.settings import get_settings
 from notifier.specs import normalize_locale
-
-_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_BUILT_IN = {"recipient": "r.recipient", "code": "k.code"}
-#: What a stored template's rows carry besides the audience fields (``TEMPLATED_PAYLOAD``).
-_TEMPLATE_BUILT_IN = {"recipient", "code", "campaign"}
-#: Parses stored templates to find their variables; what Jinja2 itself provides is not one.
-#: (Only parses: the worker renders, with its own environments.)
-_JINJA = Environment(autoescape=True)
 
 #: Recipients written per fan-out statement (and per transaction).
 CHUNK = 50_000
@@ -63,58 +53,6 @@ PARALLEL = 2
 #: The most a launch may ask for: ``db.engine``'s pool holds 4 connections, and one holds
 #: the launch's lock.
 MOST_PARALLEL = 3
-
-
-class CampaignError(ValueError):
-    """An operator's request that cannot be carried out; the message says why and what to do."""
-
-
-def placeholders(template: str | None) -> list[str]:
-    """The placeholder names of a template, in order; refuses anything but ``{name}``."""
-    if template is None:
-        return []
-    names = []
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise CampaignError(
-            f"template {template[:60]!r}: {exc} (write a literal brace as {{{{)"
-        ) from None
-    for _, name, spec, conversion in parsed:
-        if name is None:
-            continue
-        if spec or conversion or not _FIELD.fullmatch(name):
-            raise CampaignError(
-                f"template placeholder {{{name}{'!' + conversion if conversion else ''}"
-                f"{':' + spec if spec else ''}}} is not a plain {{name}}"
-            )
-        names.append(name)
-    return names
-
-
-def render_sql(subject: str | None, body: str | None) -> tuple[str, str, dict[str, str]]:
-    """SQL expressions that fill both templates for each fan-out row, and their parameters."""
-    params: dict[str, str] = {}
-
-    def expression(template: str | None, prefix: str) -> str:
-        if template is None:
-            return "NULL"
-        parts: list[str] = []
-        for i, (literal, name, _, _) in enumerate(string.Formatter().parse(template)):
-            if literal:
-                params[f"{prefix}l{i}"] = literal
-                parts.append(f"CAST(:{prefix}l{i} AS text)")
-            if name is not None:
-                if name in _BUILT_IN:
-                    parts.append(_BUILT_IN[name])
-                else:
-                    params[f"{prefix}f{i}"] = name
-                    parts.append(f"(r.fields ->> CAST(:{prefix}f{i} AS text))")
-        return f"concat({', '.join(parts)})" if parts else "''"
-
-    placeholders(subject)
-    placeholders(body)
-    return expression(subject, "s"), expression(body, "b"), params
 
 
 def unwritten(last: int, written: Iterable[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
@@ -193,7 +131,7 @@ class Campaigns:
             if campaigns_db.by_name(conn, name) is not None:
                 raise CampaignError(f"a campaign named {name!r} exists already")
             if template is not None:
-                _stored_template(conn, template, channel, locale)
+                stored_template(conn, template, channel, locale)
             return campaigns_db.create(
                 conn,
                 {
@@ -438,10 +376,10 @@ class Campaigns:
     def _check_ready(conn: Connection, campaign: CampaignRow) -> None:
         if campaign.template is None:
             names = set(placeholders(campaign.subject) + placeholders(campaign.body))
-            fields = sorted(names - set(_BUILT_IN))
+            fields = sorted(names - set(BUILT_IN))
         else:
             names = template_variables(conn, campaign.template, campaign.channel, campaign.locale)
-            fields = sorted(names - _TEMPLATE_BUILT_IN - set(campaign.payload))
+            fields = sorted(names - TEMPLATE_BUILT_IN - set(campaign.payload))
         if fields:
             found = campaigns_db.recipient_missing(conn, campaign.id, fields)
             if found is not None:
@@ -459,42 +397,6 @@ class Campaigns:
                     f"{need} recipients still need a code but only {spare} codes are free;"
                     f" import or generate at least {need - spare} more"
                 )
-
-
-def template_variables(
-    conn: Connection, template: str, channel: str, locale: str | None
-) -> set[str]:
-    """The variables a stored template reads from each row, as ``jinja2.meta`` finds them: of
-    the version rows naming it and ``locale`` will find, by the worker's locale fallback."""
-    found = _stored_template(conn, template, channel, locale)
-    where = f"template {found.name!r} ({found.channel}, {found.locale})"
-    try:
-        compile_parts(found.subject, found.body, found.html)
-        names: set[str] = set()
-        for source in (found.subject, found.body, found.html):
-            if source is not None:
-                names |= meta.find_undeclared_variables(_JINJA.parse(source))
-    except (ValueError, TemplateSyntaxError) as exc:
-        raise CampaignError(
-            f"{where} does not compile: {exc}; fix it with notifier template add"
-        ) from None
-    return names - set(_JINJA.globals)
-
-
-def _stored_template(conn: Connection, name: str, channel: str, locale: str | None) -> TemplateRow:
-    """The stored template a row naming ``name`` and ``locale`` on ``channel`` would get."""
-    chain = locale_chain(locale, get_settings().default_locale)
-    by_locale: dict[str, TemplateRow] = {}
-    for row in content_db.templates_of(conn, [(name, channel)]):
-        with contextlib.suppress(ValueError):  # a locale written in SQL that no row can match
-            by_locale[normalize_locale(row.locale)] = row
-    for wanted in chain:
-        if wanted in by_locale:
-            return by_locale[wanted]
-    raise CampaignError(
-        f"no stored template {name!r} for channel {channel} in locale {' or '.join(chain)};"
-        " add it first with notifier template add"
-    )
 
 
 def _refuse_if_finished(campaign: CampaignRow, verb: str) -> None:
