@@ -449,7 +449,7 @@ class Attempt:
     provider: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per row recorded, and frozen costs 3x to make
 class Transition:
     """One claimed row's way out of ``processing``, as recorded: its attempt's outcome
     (``sent``, ``retry``, ``deferred``, ``dead`` or ``cancelled``) and what that writes."""
