@@ -435,7 +435,7 @@ status_events = Table(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per row attempted (see Transition)
 class Attempt:
     """One attempt's entry in the history."""
 
