@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -361,7 +362,14 @@ def test_an_override_sends_to_the_override_and_suppresses_what_bounced(
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    status = cli.main(list(argv), prog_name="notifier", standalone_mode=False)
+    """``notifier ARGV`` in this process, errors raised; the logging it sets up undone."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        status = cli.main(list(argv), prog_name="notifier", standalone_mode=False)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return status, capsys.readouterr().out
 
 
