@@ -115,7 +115,14 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
         "due",
         "lag_seconds",
         "sent_per_minute",
+        "status_events",
         "throughput",
+    }
+    assert stats["status_events"] == {
+        "pending": 0,
+        "processing": 0,
+        "dead": 0,
+        "oldest_pending_seconds": 0.0,
     }
     assert {(r["status"], r["channel"], r["count"]) for r in stats["by_status_channel"]} == {
         ("pending", "email", 1),
