@@ -13,6 +13,7 @@ that ``get_settings()`` reads, undone after the test.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,6 +52,17 @@ def template_database() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)"))
     admin.dispose()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put the test session's logging back after a test that sets up the process's own (the
+    commands do, as ``logs.configure``)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import pty
 import subprocess
@@ -28,14 +27,8 @@ NOTIFIER = str(Path(sys.executable).with_name("notifier"))
 BAR_MARKS = ("\r", "\x1b[?25l", "writing", "reading", "sending")
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The commands set up logging for the process; put the test session's back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+# The commands set up logging for the process; each test puts the test session's back.
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: str = "") -> tuple[int, str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import subprocess
 import sys
 import threading
@@ -65,14 +64,8 @@ def _run(
     return code, out, err
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The commands set up logging for the process; put the test session's back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+# The commands set up logging for the process; each test puts the test session's back.
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import base64
 import hashlib
 import hmac
 import json
-import logging
 import threading
 import time
 import uuid
@@ -431,6 +430,7 @@ def test_retries_back_off_and_give_up_with_the_reason_shown_to_operators(
     receiver: Receiver,
     redis_url: str,
     capsys: pytest.CaptureFixture[str],
+    restore_logging: None,
 ) -> None:
     receiver.status = 503
     on = _with_events(engine, settings, receiver.url, "k", status_webhook_max_attempts=2)
@@ -454,16 +454,12 @@ def test_retries_back_off_and_give_up_with_the_reason_shown_to_operators(
     assert str(dead["last_error"]).startswith("gave up after 2 attempts; last error: HTTP 503")
     assert ops.stats(engine).status_events.dead == 1
     capsys.readouterr()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level  # the command sets up logging: put it back
     assert cli_main(["stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status_events"]["dead"] == 1
     assert cli_main(["stats"]) == 0
     assert (
         "status webhook events: 0 pending (oldest 0s), 0 sending, 1 dead" in capsys.readouterr().out
     )
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
     client = redis.Redis.from_url(redis_url)
     found = samples(scrape(engine, client, metrics.Labels(frozenset(), frozenset())))

@@ -7,7 +7,6 @@ import json
 import logging
 import string
 import sys
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -156,16 +155,7 @@ def test_json_masks_recipient_fields_messages_and_tracebacks() -> None:
         assert secret not in line
 
 
-@pytest.fixture
-def restore_root() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-@pytest.mark.usefixtures("restore_root")
+@pytest.mark.usefixtures("restore_logging")
 def test_configure_gives_the_command_line_json_or_masked_text() -> None:
     out = io.StringIO()
     logs.configure(Settings(log_format="json"), stream=out)
