@@ -387,7 +387,7 @@ status_webhook = Table(
     CheckConstraint("only_row", name="status_webhook_one_row"),
     comment=(
         "The events the status webhook sends, as workers last configured it;"
-        " no row: none, and the trigger is disabled."
+        " no row: none, and no trigger."
     ),
 )
 

@@ -6,13 +6,14 @@ dispatcher's outcome writes, the rescue, expiry, operators' changes and producer
 SQL cancels alike, so no path changes a row without its event, and no event is written for a
 change that rolled back. ``notifier.status_webhook`` POSTs them to the producers' URL.
 
-The trigger is created disabled, so that without a webhook the table's writes cost what they
-did (a disabled trigger is never called; UPDATEs measured the same with it as without it). A
+The trigger exists only while workers want events. A statement-level trigger with transition
+tables makes every UPDATE of ``notifications`` keep its old and new rows for it, enabled or
+not, so "off" is no trigger at all: without a webhook the table's writes cost what they did. A
 worker with ``NOTIFIER_STATUS_WEBHOOK_URL`` set calls ``notifier_status_webhook(events)`` at
-start, which records the events wanted in the one-row table ``status_webhook`` and enables the
-trigger with those states as its arguments; a worker without calls it with none, which
-disables it. Either changes the trigger only when that changes anything, taking the table's
-SHARE ROW EXCLUSIVE lock (writers wait, readers do not) for at most ``lock_timeout`` (2 s).
+start, which records the events wanted in the one-row table ``status_webhook`` and creates the
+trigger with those states as its arguments; a worker without calls it with none, which drops
+it. Either changes the trigger only when that changes anything, taking the table's SHARE ROW
+EXCLUSIVE lock (writers wait, readers do not) for at most ``lock_timeout`` (2 s).
 The trigger runs once per statement: an outcome write of a thousand rows inserts its events
 with one INSERT ... SELECT over the statement's transition tables.
 
@@ -80,7 +81,7 @@ TRIGGER = (
 
 KNOWN = ", ".join(f"'{s}'" for s in STATUSES + DELIVERY)
 
-# Redefines the trigger for ``events`` (none: disabled), only when that changes anything;
+# Redefines the trigger for ``events`` (none: dropped), only when that changes anything;
 # whether it changed.
 CONFIGURE = f"""
     CREATE FUNCTION notifier_status_webhook(events text[]) RETURNS boolean
@@ -96,8 +97,9 @@ CONFIGURE = f"""
                 events, '{", ".join(STATUSES + DELIVERY)}'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        SELECT tgenabled <> 'D' INTO enabled FROM pg_trigger
-         WHERE tgrelid = 'notifications'::regclass AND tgname = 'notifications_status_events';
+        enabled := EXISTS (SELECT 1 FROM pg_trigger
+                            WHERE tgrelid = 'notifications'::regclass
+                              AND tgname = 'notifications_status_events');
         SELECT s.events INTO current FROM status_webhook s;
         IF enabled = (cardinality(wanted) > 0)
            AND current IS NOT DISTINCT FROM (CASE WHEN cardinality(wanted) > 0 THEN wanted END)
@@ -107,14 +109,13 @@ CONFIGURE = f"""
         SET LOCAL lock_timeout = '2s';
         IF cardinality(wanted) = 0 THEN
             DELETE FROM status_webhook;
-            ALTER TABLE notifications DISABLE TRIGGER notifications_status_events;
+            DROP TRIGGER IF EXISTS notifications_status_events ON notifications;
             RETURN true;
         END IF;
         INSERT INTO status_webhook (events) VALUES (wanted)
             ON CONFLICT (only_row) DO UPDATE SET events = EXCLUDED.events, updated_at = now();
         EXECUTE format('{TRIGGER}',
                        (SELECT string_agg(quote_literal(e), ', ') FROM unnest(wanted) AS e));
-        ALTER TABLE notifications ENABLE TRIGGER notifications_status_events;
         RETURN true;
     END
     $$
@@ -135,7 +136,7 @@ def upgrade() -> None:
     )
     op.execute(
         "COMMENT ON TABLE status_webhook IS 'The events the status webhook sends, as workers"
-        " last configured it; no row: none, and the trigger is disabled.'"
+        " last configured it; no row: none, and no trigger.'"
     )
     op.execute(
         """
@@ -184,8 +185,6 @@ def upgrade() -> None:
     )
     op.execute(EVENTS.format(schema=schema))
     op.execute("REVOKE ALL ON FUNCTION notifier_status_events() FROM PUBLIC")
-    op.execute(TRIGGER % KNOWN)
-    op.execute("ALTER TABLE notifications DISABLE TRIGGER notifications_status_events")
     op.execute(CONFIGURE.format(schema=schema))
     op.execute("REVOKE ALL ON FUNCTION notifier_status_webhook(text[]) FROM PUBLIC")
     # In the style of 0010: workers configure the trigger and send the events; operators look
@@ -198,7 +197,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION notifier_status_webhook(text[])")
-    op.execute("DROP TRIGGER notifications_status_events ON notifications")
+    op.execute("DROP TRIGGER IF EXISTS notifications_status_events ON notifications")
     op.execute("DROP FUNCTION notifier_status_events()")
     op.execute("DROP TABLE status_events")
     op.execute("DROP TABLE status_webhook")

@@ -166,7 +166,7 @@ def configure(conn: Connection, events: Sequence[str]) -> bool:
 
 
 def configured(conn: Connection) -> list[str]:
-    """The states the trigger writes events for; empty when it is disabled."""
+    """The states the trigger writes events for; empty when there is no trigger."""
     found = conn.execute(CONFIGURED).scalar()
     return list(found or [])
 
