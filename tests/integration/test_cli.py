@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 import notifier
 from notifier.campaigns import Campaigns
 from notifier.cli.main import cli, main
+from tests.commands import run
 
 #: The console script, as operators run it (installed beside this Python).
 NOTIFIER = str(Path(sys.executable).with_name("notifier"))
@@ -29,18 +30,6 @@ BAR_MARKS = ("\r", "\x1b[?25l", "writing", "reading", "sending")
 
 # The commands set up logging for the process; each test puts the test session's back.
 pytestmark = pytest.mark.usefixtures("restore_logging")
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str, stdin: str = "") -> tuple[int, str, str]:
-    """``notifier ARGV`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    saved, sys.stdin = sys.stdin, io.StringIO(stdin)
-    try:
-        code = main(list(argv))
-    finally:
-        sys.stdin = saved
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _notifier(
@@ -129,7 +118,7 @@ def test_json_is_one_document_with_the_status_of_the_table(
     for step in before:
         assert main(step) == 0, step
     args = [a.format(**world) for a in argv]
-    code, out, err = _run(capsys, *args, "--json", stdin="pw\n")
+    code, out, err = run(capsys, *args, "--json", stdin="pw\n")
     assert code in (0, 1), err
     assert out.endswith("\n"), out
     assert out.count("\n") == 1, out
@@ -144,13 +133,13 @@ def test_json_holds_the_rows_of_the_table(
         (["suppress", "list"], "SINCE"),
         (["template", "list"], "NAME"),
     ):
-        code, table, _ = _run(capsys, *argv)
-        _, out, _ = _run(capsys, *argv, "--json")
+        code, table, _ = run(capsys, *argv)
+        _, out, _ = run(capsys, *argv, "--json")
         lines = table.splitlines()
         assert (code, lines[0].split()[0]) == (0, header)
         assert len(json.loads(out)) == len(lines) - 1
-    code, table, _ = _run(capsys, "stats")
-    _, out, _ = _run(capsys, "stats", "--json")
+    code, table, _ = run(capsys, "stats")
+    _, out, _ = run(capsys, "stats", "--json")
     counts = json.loads(out)["by_status_channel"]
     assert counts == [{"status": "pending", "channel": "null", "count": 1}]
     assert table.splitlines()[1].split() == ["pending", "null", "1"]
@@ -351,14 +340,14 @@ def test_a_campaign_names_a_stored_template_and_reports_repeated_csv_lines(
     capsys: pytest.CaptureFixture[str], engine: Engine, tmp_path: Path
 ) -> None:
     assert main(["template", "add", "gift", "--channel", "null", "--body", "Hi {{ name }}"]) == 0
-    code, out, _ = _run(
+    code, out, _ = run(
         capsys, "campaign", "create", "gift", "--channel", "null", "--template", "gift"
     )
     assert code == 0, out
     with engine.connect() as conn:
         stored = conn.execute(text("SELECT template FROM campaigns WHERE name = 'gift'")).one()
     assert tuple(stored) == ("gift",)
-    code, _, err = _run(
+    code, _, err = run(
         capsys,
         "campaign",
         "create",
@@ -375,14 +364,14 @@ def test_a_campaign_names_a_stored_template_and_reports_repeated_csv_lines(
 
     csv = tmp_path / "repeats.csv"
     csv.write_text("email,name\na@x.org,A\nb@x.org,B\na@x.org,again\n", encoding="utf-8")
-    code, out, _ = _run(
+    code, out, _ = run(
         capsys, "campaign", "audience", "gift", "--csv", str(csv), "--recipient-column", "email"
     )
     assert code == 0
     assert (
         "2 recipients added; 1 repeated lines skipped (line 4: 'a@x.org', first on line 2)" in out
     )
-    code, out, _ = _run(
+    code, out, _ = run(
         capsys,
         "campaign",
         "audience",
@@ -397,7 +386,7 @@ def test_a_campaign_names_a_stored_template_and_reports_repeated_csv_lines(
 
     campaigns = Campaigns(engine)
     campaigns.create("strict", "null", subject="s", body="b")
-    code, _, err = _run(
+    code, _, err = run(
         capsys,
         "campaign",
         "audience",

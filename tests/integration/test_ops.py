@@ -17,8 +17,8 @@ from sqlalchemy import Engine, text
 
 from notifier import ops
 from notifier.campaigns import Campaigns
-from notifier.cli.main import main
 from notifier.settings import Settings
+from tests.commands import run
 from tests.factories import MakeRow, ago
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,23 +45,6 @@ def _statuses(engine: Engine) -> dict[int, tuple[str, int, str | None]]:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT id, status, attempts, last_error FROM notifications"))
         return {r.id: (r.status, r.attempts, r.last_error) for r in rows}
-
-
-def _run(
-    capsys: pytest.CaptureFixture[str], *argv: str, stdin: str | None = None
-) -> tuple[int, str, str]:
-    """``notifier ARGV`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    if stdin is None:
-        code = main(list(argv))
-    else:
-        saved, sys.stdin = sys.stdin, io.StringIO(stdin)
-        try:
-            code = main(list(argv))
-        finally:
-            sys.stdin = saved
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # The commands set up logging for the process; each test puts the test session's back.
@@ -100,7 +83,7 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
     _attempt(db, dead, 1, "retry", at=at)
     _attempt(db, dead, 2, "dead")  # in the minute under way
 
-    code, out, _ = _run(capsys, "stats", "--json")
+    code, out, _ = run(capsys, "stats", "--json")
     assert code == 0
     stats = json.loads(out)
     assert set(stats) == {
@@ -133,7 +116,7 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
     assert sum(m["dead"] for m in minutes) == 1
     assert stats["sent_per_minute"] == pytest.approx(3 / 5)
 
-    code, out, _ = _run(capsys, "stats")
+    code, out, _ = run(capsys, "stats")
     assert code == 0
     assert "STATUS" in out
     assert "webhook" in out
@@ -155,7 +138,7 @@ def test_show_prints_the_row_and_its_whole_history_in_order(
     _attempt(db, row, 2, "rescued", error="lease expired: worker host-b:2", duration_ms=None)
     _attempt(db, row, 3, "dead", error="550 no such user", duration_ms=80, worker="host-c:3")
 
-    code, out, _ = _run(capsys, "show", str(row))
+    code, out, _ = run(capsys, "show", str(row))
     assert code == 0
     assert f"notification {row}" in out
     assert "ann@example.com" in out
@@ -167,7 +150,7 @@ def test_show_prints_the_row_and_its_whole_history_in_order(
     assert "120 ms" in history
     assert "rescued" in history
 
-    code, out, _ = _run(capsys, "show", str(row), "--json")
+    code, out, _ = run(capsys, "show", str(row), "--json")
     story = json.loads(out)
     assert story["notification"]["status"] == "dead"
     assert [(a["attempt"], a["outcome"], a["worker"]) for a in story["attempts"]] == [
@@ -176,7 +159,7 @@ def test_show_prints_the_row_and_its_whole_history_in_order(
         (3, "dead", "host-c:3"),
     ]
 
-    assert _run(capsys, "show", "999999")[0] == 1
+    assert run(capsys, "show", "999999")[0] == 1
 
 
 # --- requeue --------------------------------------------------------------------------------------
@@ -247,7 +230,7 @@ def test_requeue_filters(
     }
     before = _statuses(db)
 
-    code, out, _ = _run(capsys, "requeue", *(a.format(**names) for a in args), "--json")
+    code, out, _ = run(capsys, "requeue", *(a.format(**names) for a in args), "--json")
 
     assert code == 0, out
     assert json.loads(out) == {
@@ -266,20 +249,20 @@ def test_requeue_asks_above_the_threshold_and_a_no_changes_nothing(
     dead = {make_row(**ANN, status="dead") for _ in range(4)}
     before = _statuses(db)
 
-    code, out, err = _run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="n\n")
+    code, out, err = run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="n\n")
     assert (code, out.strip()) == (3, "not confirmed; nothing requeued (--yes skips the question)")
     assert "requeue 4 dead notifications? [y/N]" in err
     assert _statuses(db) == before
 
-    code, out, _ = _run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="")  # EOF
+    code, out, _ = run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="")  # EOF
     assert code == 3
     assert _statuses(db) == before
 
-    code, out, _ = _run(capsys, "requeue", "--all", "--confirm-above", "3", "--dry-run")
+    code, out, _ = run(capsys, "requeue", "--all", "--confirm-above", "3", "--dry-run")
     assert (code, out.strip()) == (0, "4 dead notifications match; nothing requeued (dry run)")
     assert _statuses(db) == before
 
-    code, out, _ = _run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="y\n")
+    code, out, _ = run(capsys, "requeue", "--all", "--confirm-above", "3", stdin="y\n")
     assert (code, out.strip()) == (0, "requeued 4 dead notifications")
     _assert_requeued(db, dead, {})
 
@@ -298,10 +281,10 @@ def test_requeue_with_yes_does_not_ask_and_below_the_threshold_nobody_is_asked(
     closed.close()
     monkeypatch.setattr(sys, "stdin", closed)  # reading it would fail: exit status 2
 
-    code, _, err = _run(capsys, "requeue", "--channel", "webhook", "--confirm-above", "2", "--yes")
+    code, _, err = run(capsys, "requeue", "--channel", "webhook", "--confirm-above", "2", "--yes")
     assert code == 0
     assert "[y/N]" not in err
-    code, _, err = _run(capsys, "requeue", "--channel", "sms", "--confirm-above", "2")
+    code, _, err = run(capsys, "requeue", "--channel", "sms", "--confirm-above", "2")
     assert code == 0
     assert "[y/N]" not in err
     _assert_requeued(db, many | few, {})
@@ -311,11 +294,11 @@ def test_requeue_refuses_without_a_filter_and_says_when_nothing_matches(
     db: Engine, capsys: pytest.CaptureFixture[str], make_row: MakeRow
 ) -> None:
     make_row(**ANN, status="dead")
-    code, _, err = _run(capsys, "requeue")
+    code, _, err = run(capsys, "requeue")
     assert code == 2
     assert "no filter given" in err
     assert "--all" in err
-    code, out, _ = _run(capsys, "requeue", "--channel", "push")
+    code, out, _ = run(capsys, "requeue", "--channel", "push")
     assert (code, out.strip()) == (1, "no dead notifications match; nothing requeued")
 
 
@@ -329,7 +312,7 @@ def test_requeue_walks_a_large_set_in_batches(
                 " SELECT 'null', 'x' || g, 'dead', 5, 'boom' FROM generate_series(1, 12345) g"
             )
         )
-    code, out, _ = _run(capsys, "requeue", "--all", "--yes", "--batch-size", "1000")
+    code, out, _ = run(capsys, "requeue", "--all", "--yes", "--batch-size", "1000")
     assert (code, out.strip()) == (0, "requeued 12345 dead notifications")
     with db.connect() as conn:
         assert (
@@ -348,7 +331,7 @@ def test_a_row_locked_throughout_is_left_and_reported(
         holder.execute(
             text("SELECT 1 FROM notifications WHERE id = :id FOR UPDATE"), {"id": locked}
         )
-        code, out, _ = _run(capsys, "requeue", "--all", "--yes")
+        code, out, _ = run(capsys, "requeue", "--all", "--yes")
         holder.rollback()
     assert (code, out.strip()) == (
         0,
@@ -382,9 +365,9 @@ def test_cancel_takes_every_id_it_is_given(
 ) -> None:
     first, second, sent = make_row(**ANN), make_row(**ANN), make_row(**ANN, status="sent")
 
-    code, out, _ = _run(capsys, "cancel", "--id", str(first), "--id", str(second))
+    code, out, _ = run(capsys, "cancel", "--id", str(first), "--id", str(second))
     assert (code, out) == (0, f"cancelled notification {first}\ncancelled notification {second}\n")
-    code, out, _ = _run(capsys, "cancel", "--id", str(sent), "--id", str(first))
+    code, out, _ = run(capsys, "cancel", "--id", str(sent), "--id", str(first))
     assert code == 1
     assert out.splitlines() == [
         f"notification {sent} was not waiting to be sent (no such row, or already finished)",
@@ -403,14 +386,14 @@ def test_campaign_commands_say_what_they_did(
 ) -> None:
     Campaigns(db).create("spring", "null", subject="Hi", body="Your code: {code}")
 
-    code, out, _ = _run(capsys, "campaign", "cancel", "spring")
+    code, out, _ = run(capsys, "campaign", "cancel", "spring")
     assert (code, out) == (0, "campaign 'spring': cancelled; 0 notifications cancelled\n")
 
 
 def test_send_refuses_a_channel_no_provider_serves(
     db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _run(capsys, "send", "--channel", "emial", "--to", "ann@example.com")
+    code, out, err = run(capsys, "send", "--channel", "emial", "--to", "ann@example.com")
     assert (code, out) == (2, "")
     assert err.startswith("notifier: no provider serves channel 'emial' (installed: ")
     assert err.endswith("; did you mean 'email'?\n")
@@ -421,7 +404,7 @@ def test_send_refuses_a_row_that_would_expire_before_it_is_due(
     db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["send", "--channel", "null", "--to", "x", "--in", "10s", "--expires-in", "5s"]
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run(capsys, *argv)
     assert (code, out) == (2, "")
     assert "--expires-in ends before the send time" in err
     assert _statuses(db) == {}
@@ -436,15 +419,15 @@ def test_cancel_by_key_or_id_keeps_its_messages(
         make_row(**ANN, status="sent"),
     )
 
-    assert _run(capsys, "cancel", "reminder:42", "--reason", "user confirmed")[:2] == (
+    assert run(capsys, "cancel", "reminder:42", "--reason", "user confirmed")[:2] == (
         0,
         "cancelled the notification with key 'reminder:42'\n",
     )
-    assert _run(capsys, "cancel", "--id", str(by_id))[:2] == (
+    assert run(capsys, "cancel", "--id", str(by_id))[:2] == (
         0,
         f"cancelled notification {by_id}\n",
     )
-    assert _run(capsys, "cancel", "--id", str(sent))[:2] == (
+    assert run(capsys, "cancel", "--id", str(sent))[:2] == (
         1,
         f"notification {sent} was not waiting to be sent (no such row, or already finished)\n",
     )
@@ -453,7 +436,7 @@ def test_cancel_by_key_or_id_keeps_its_messages(
     assert statuses[by_id] == ("cancelled", 0, "cancelled by operator")
     assert statuses[sent][0] == "sent"
 
-    code, _, err = _run(capsys, "cancel", "reminder:42", "--channel", "email")
+    code, _, err = run(capsys, "cancel", "reminder:42", "--channel", "email")
     assert code == 2
     assert "leave out filters" in err
 
@@ -501,7 +484,7 @@ def test_cancel_filters(
     }
     before = _statuses(db)
 
-    code, out, _ = _run(
+    code, out, _ = run(
         capsys, "cancel", *(a.format(**names) for a in args), "--reason", "outage", "--json"
     )
 
@@ -521,26 +504,26 @@ def test_bulk_cancel_confirmation_dry_run_and_unknown_campaign(
     waiting = {make_row(channel="webhook", recipient="ann@example.com") for _ in range(3)}
     before = _statuses(db)
 
-    code, out, err = _run(
+    code, out, err = run(
         capsys, "cancel", "--channel", "webhook", "--confirm-above", "2", stdin="no\n"
     )
     assert code == 3
     assert "cancel 3 unsent notifications? [y/N]" in err
     assert _statuses(db) == before
 
-    code, out, _ = _run(capsys, "cancel", "--channel", "webhook", "--dry-run")
+    code, out, _ = run(capsys, "cancel", "--channel", "webhook", "--dry-run")
     assert (code, out.strip()) == (0, "3 unsent notifications match; nothing cancelled (dry run)")
     assert _statuses(db) == before
 
-    code, _, err = _run(capsys, "cancel", "--campaign", "nope", "--yes")
+    code, _, err = run(capsys, "cancel", "--campaign", "nope", "--yes")
     assert code == 2
     assert "no campaign named 'nope'" in err
 
-    code, _, err = _run(capsys, "cancel")
+    code, _, err = run(capsys, "cancel")
     assert code == 2
     assert "no filter given" in err
 
-    code, out, _ = _run(capsys, "cancel", "--channel", "webhook", "--confirm-above", "2", "--yes")
+    code, out, _ = run(capsys, "cancel", "--channel", "webhook", "--confirm-above", "2", "--yes")
     assert (code, out.strip()) == (0, "cancelled 3 unsent notifications")
     assert {_statuses(db)[r][0] for r in waiting} == {"cancelled"}
 
@@ -605,7 +588,7 @@ def _attempt_counts(db: Engine) -> dict[int, int]:
 def test_purge_deletes_expired_finished_rows_and_their_history_only(
     db: Engine, aged: dict[str, int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = _run(capsys, "purge", "--json", "--batch-size", "1")
+    code, out, _ = run(capsys, "purge", "--json", "--batch-size", "1")
     assert code == 0
     report = json.loads(out)
     assert report["deleted"] == {"sent": 1, "dead": 1, "cancelled": 1}
@@ -622,7 +605,7 @@ def test_purge_deletes_expired_finished_rows_and_their_history_only(
     assert attempts[aged["sent_young"]] == 2
     assert attempts[aged["pending_old"]] == 1
 
-    code, out, _ = _run(capsys, "purge")  # nothing left to do
+    code, out, _ = run(capsys, "purge")  # nothing left to do
     assert code == 0
     assert "DELETED" in out
 
@@ -630,7 +613,7 @@ def test_purge_deletes_expired_finished_rows_and_their_history_only(
 def test_purge_dry_run_counts_and_deletes_nothing(
     db: Engine, aged: dict[str, int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = _run(capsys, "purge", "--dry-run", "--json")
+    code, out, _ = run(capsys, "purge", "--dry-run", "--json")
     assert code == 0
     report = json.loads(out)
     assert (report["dry_run"], report["deleted"], report["attempts"]) == (
@@ -639,7 +622,7 @@ def test_purge_dry_run_counts_and_deletes_nothing(
         5,
     )
     assert set(_statuses(db)) == set(aged.values())
-    code, out, _ = _run(capsys, "purge", "--dry-run")
+    code, out, _ = run(capsys, "purge", "--dry-run")
     assert "WOULD DELETE" in out
     assert "(attempts)" in out
 

@@ -22,13 +22,13 @@ from sqlalchemy import Engine, text
 
 import notifier
 from notifier import metrics, ops, status_webhook
-from notifier.cli.main import main as cli_main
 from notifier.db import events as events_db
 from notifier.db import status_events as queries
 from notifier.db.rescue import rescue_expired
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.commands import run
 from tests.migrations import migrate
 from tests.prometheus import samples, scrape
 from tests.receiver import Receiver
@@ -450,13 +450,12 @@ def test_retries_back_off_and_give_up_with_the_reason_shown_to_operators(
     assert dead["attempts"] == 2
     assert str(dead["last_error"]).startswith("gave up after 2 attempts; last error: HTTP 503")
     assert ops.stats(engine).status_events.dead == 1
-    capsys.readouterr()
-    assert cli_main(["stats", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["status_events"]["dead"] == 1
-    assert cli_main(["stats"]) == 0
-    assert (
-        "status webhook events: 0 pending (oldest 0s), 0 sending, 1 dead" in capsys.readouterr().out
-    )
+    code, out, _ = run(capsys, "stats", "--json")
+    assert code == 0
+    assert json.loads(out)["status_events"]["dead"] == 1
+    code, out, _ = run(capsys, "stats")
+    assert code == 0
+    assert "status webhook events: 0 pending (oldest 0s), 0 sending, 1 dead" in out
 
     client = redis.Redis.from_url(redis_url)
     found = samples(scrape(engine, client, metrics.Labels(frozenset(), frozenset())))
