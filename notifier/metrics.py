@@ -49,6 +49,8 @@ EVENT_PROVIDERS = frozenset({"ses", "sendgrid", "mailgun", "postmark", "twilio",
 EVENT_OUTCOMES = frozenset({"refused", "applied", "unmatched", "unchanged"})
 #: Upper bounds (seconds) of the send-latency histogram's buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Each bucket's field name, by the index ``bisect_left(BUCKETS, seconds)`` gives.
+BUCKET_NAMES = (*(str(b) for b in BUCKETS), "+Inf")
 #: The outcomes an attempt can have (the attempt history's CHECK constraint).
 OUTCOMES = frozenset({"sent", "retry", "deferred", "dead", "cancelled", "rescued"})
 #: The label value of every channel, provider or outcome outside the known ones.
@@ -81,30 +83,37 @@ class Labels:
 
 
 def record(client: redis.Redis, attempts: Sequence[Attempt], labels: Labels) -> None:
-    """Count one batch's attempts, by channel, provider and outcome."""
+    """Count one batch's attempts, by channel, provider and outcome.
+
+    Grouped first by their raw values, so a field is built once per series, not once per
+    attempt: a group of a thousand plain sends costs a handful of keys."""
     if not attempts:
         return
-    counts = Counter(
-        labels.key(a.channel, a.provider, a.outcome if a.outcome in OUTCOMES else OTHER)
-        for a in attempts
-    )
-    latency: Counter[str] = Counter()
-    sums: dict[str, float] = defaultdict(float)
+    outcomes: Counter[tuple[str, str | None, str]] = Counter()
+    buckets: Counter[tuple[str, str | None, str]] = Counter()
+    sums: dict[tuple[str, str | None], float] = defaultdict(float)
     for a in attempts:
-        if a.duration_ms is None:
-            continue
-        seconds = a.duration_ms / 1000
-        index = bisect.bisect_left(BUCKETS, seconds)
-        bucket = str(BUCKETS[index]) if index < len(BUCKETS) else "+Inf"
-        latency[labels.key(a.channel, a.provider, bucket)] += 1
-        latency[labels.key(a.channel, a.provider, "count")] += 1
-        sums[labels.key(a.channel, a.provider, "sum")] += seconds
+        outcomes[a.channel, a.provider, a.outcome] += 1
+        if a.duration_ms is not None:
+            seconds = a.duration_ms / 1000
+            buckets[a.channel, a.provider, BUCKET_NAMES[bisect.bisect_left(BUCKETS, seconds)]] += 1
+            sums[a.channel, a.provider] += seconds
+    counts: Counter[str] = Counter()
+    for (channel, provider, outcome), n in outcomes.items():
+        counts[labels.key(channel, provider, outcome if outcome in OUTCOMES else OTHER)] += n
+    latency: Counter[str] = Counter()
+    for (channel, provider, bucket), n in buckets.items():
+        latency[labels.key(channel, provider, bucket)] += n
+        latency[labels.key(channel, provider, "count")] += n
+    totals: dict[str, float] = defaultdict(float)
+    for (channel, provider), total in sums.items():
+        totals[labels.key(channel, provider, "sum")] += total
     pipe = client.pipeline(transaction=False)
     for field, n in counts.items():
         pipe.hincrby(ATTEMPTS_KEY, field, n)
     for field, n in latency.items():
         pipe.hincrby(LATENCY_KEY, field, n)
-    for field, total in sums.items():
+    for field, total in totals.items():
         pipe.hincrbyfloat(LATENCY_KEY, field, total)
     pipe.execute()
 
@@ -150,9 +159,9 @@ class NotifierCollector(Collector):
         )
         for pair, parts in sorted(latency.items()):
             running, buckets = 0.0, []
-            for bound in (*BUCKETS, "+Inf"):
-                running += parts.get(str(bound), 0.0)
-                buckets.append((str(bound), running))
+            for name in BUCKET_NAMES:
+                running += parts.get(name, 0.0)
+                buckets.append((name, running))
             histogram.add_metric(list(pair), buckets, sum_value=parts.get("sum", 0.0))
         yield histogram
         yield _events(raw_events)
