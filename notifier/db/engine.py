@@ -7,7 +7,8 @@ from functools import lru_cache
 from typing import Any
 
 import psycopg
-from psycopg.abc import Buffer
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 from sqlalchemy import Connection, Engine, create_engine, event
 
@@ -54,18 +55,33 @@ def driver(conn: Connection) -> psycopg.Connection[Any]:
     return raw
 
 
-class _SafeTimestamptz(TimestamptzLoader):
+#: The loader psycopg reads ``timestamptz`` text with by default: its C one where the binary
+#: package is installed, about six times quicker than the pure-Python class.
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+_DefaultTimestamptz = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+
+
+class _SafeTimestamptz(Loader):
     """Reads ``infinity``, ``-infinity`` and years past 9999 as the latest and earliest times
     Python has, instead of failing the statement: a producer may write ``'infinity'`` into
-    ``expires_at`` to mean "never", and one such row must not stop every claim."""
+    ``expires_at`` to mean "never", and one such row must not stop every claim.
+
+    Every other value goes through psycopg's default loader (wrapped, not subclassed: the C
+    class's fast path would skip an override)."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        loader = _DefaultTimestamptz or TimestamptzLoader
+        self._load = loader(oid, context).load
 
     def load(self, data: Buffer) -> datetime:
         try:
-            return super().load(data)
+            value: datetime = self._load(data)
         except psycopg.DataError:
             text_ = bytes(data).decode(errors="replace")
             early = text_.startswith("-") or text_.endswith(" BC")
             return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+        return value
 
 
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
