@@ -2,14 +2,14 @@
 
 What it measures
     Plain loops, one process per core (2), each on one connection: claim a batch of 500 with
-    ``notifier.db.queue.CLAIM_DUE`` and the parameters ``queue.claim_parameters`` gives (on the
-    driver's cursor, as the dispatcher runs it), commit, record the rows sent with
-    ``queue.record_outcomes`` (no worker named, so no attempt history), commit; until nothing
-    is left. A freshly migrated database (notifier's table, indexes and trigger) holds
-    ``--rows`` due ``null`` rows. No Celery, no sends, no Python ``Notification`` per row: the
-    database's ceiling for notifier's own statements on this machine. Rows per second, from the
-    start signal to the last loop done, with the time per batch of each statement and the CPU
-    of the loops and their PostgreSQL backends.
+    ``notifier.db.queue.CLAIM_DUE`` (after ``CLAIM_PLAN``) and the parameters
+    ``queue.claim_parameters`` gives (on the driver's cursor, as the dispatcher runs it),
+    commit, record the rows sent with ``queue.record_outcomes`` (no worker named, so no attempt
+    history), commit; until nothing is left. A freshly migrated database (notifier's table,
+    indexes and trigger) holds ``--rows`` due ``null`` rows. No Celery, no sends, no Python
+    ``Notification`` per row: the database's ceiling for notifier's own statements on this
+    machine. Rows per second, from the start signal to the last loop done, with the time per
+    batch of each statement and the CPU of the loops and their PostgreSQL backends.
 
     ``bench/end_to_end.py`` is measured against it: ``python bench/throughput.py --only 1,2``.
 
@@ -69,6 +69,7 @@ def _raw_loop(
                 t0 = time.perf_counter()
                 params = queue.claim_parameters(token, worker, LEASE_SECONDS, batch, limits)
                 with conn.begin(), driver(conn).cursor() as cur:
+                    cur.execute(queue.CLAIM_PLAN)
                     ids = [int(r[0]) for r in cur.execute(queue.CLAIM_DUE, params).fetchall()]
                 t1 = time.perf_counter()
                 claim_s += t1 - t0

@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from notifier.db import queue, rescue
+from notifier.db.engine import driver
 from notifier.db.sql import text_array
 from notifier.models import Transition
 from tests.factories import MakeRow, MakeRows
@@ -129,3 +130,52 @@ def test_a_text_array_literal_reads_back_exactly(engine: Engine, values: list[st
             text("SELECT CAST(:values AS text[])"), {"values": text_array(values)}
         ).scalar_one()
     assert back == values
+
+
+def _plan(conn: Connection, statement: str, params: dict[str, object]) -> str:
+    with driver(conn).cursor() as cur:
+        return "\n".join(str(r[0]) for r in cur.execute(f"EXPLAIN {statement}", params))
+
+
+def test_a_claim_reads_the_due_index_in_order_even_before_any_analyze(engine: Engine) -> None:
+    """Right after a bulk INSERT (no ANALYZE yet) the planner would read every due row and sort
+    them for the LIMIT; under ``CLAIM_PLAN`` it walks ``notifications_due`` and stops."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient) "
+                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
+            )
+        )
+        first = int(conn.execute(text("SELECT min(id) FROM notifications")).scalar_one())
+    params = queue.claim_parameters(uuid.uuid4(), "w", 60, 1000, queue.ReadLimits())
+    with engine.begin() as conn:
+        driver(conn).execute(queue.CLAIM_PLAN)
+        plan = _plan(conn, queue.CLAIM_DUE, params)
+        claimed = queue.claim_due(
+            conn, limit=1000, lease_seconds=60, token=uuid.uuid4(), worker="w"
+        )
+    assert "Index Scan using notifications_due" in plan, plan
+    assert "Sort" not in plan, plan
+    # The LIMIT took the thousand that waited longest.
+    assert [n.id for n in claimed] == list(range(first, first + 1000))
+
+
+def test_a_look_at_claimed_rows_reads_them_by_id_alone(engine: Engine, make_rows: MakeRows) -> None:
+    """The lease index keeps an entry for every row version ever claimed until a vacuum: a
+    look that used it would slow down as a drain goes on."""
+    ids = make_rows(3)
+    token = uuid.uuid4()
+    with engine.begin() as conn:
+        queue.claim_due(conn, limit=2, lease_seconds=60, token=token, worker="w")
+        plan = "\n".join(
+            str(r[0])
+            for r in conn.execute(
+                text(f"EXPLAIN {queue.RECHECK.text}"),
+                {"token": token, "ids": "{" + ",".join(map(str, ids)) + "}"},
+            )
+        )
+        held, paused = queue.recheck(conn, token, ids)
+    assert "notifications_lease" not in plan, plan
+    assert held == set(ids[:2])
+    assert paused == set()
