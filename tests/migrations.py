@@ -4,20 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from notifier.db.migrate import migrate as run_migrations
+
 
 def migrate(engine: Engine, revision: str) -> None:
-    """Upgrade to ``head``, or downgrade to ``revision``."""
-    from alembic import command
-    from alembic.config import Config
-
-    from notifier.db.migrate import alembic_dir
-
-    config = Config()
-    config.set_main_option("script_location", str(alembic_dir()))
-    config.attributes["configure_logging"] = False
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        if revision == "head":
-            command.upgrade(config, revision)
-        else:
-            command.downgrade(config, revision)
+    """Upgrade to ``head``, or downgrade to ``revision``, as ``notifier migrate`` does."""
+    url = engine.url.render_as_string(hide_password=False)
+    run_migrations(url, down_to=None if revision == "head" else revision, say=lambda _: None)

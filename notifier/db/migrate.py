@@ -52,7 +52,9 @@ def migrate(
     config.set_main_option("script_location", str(alembic_dir()))
     config.attributes["configure_logging"] = False
     engine = create_engine(url)
-    with engine.begin() as conn:
+    # Each migration commits on its own (``transaction_per_migration`` in env.py), so one that
+    # builds an index CONCURRENTLY can step outside a transaction for it.
+    with engine.connect() as conn:
         config.attributes["connection"] = conn
         if down_to is None:
             command.upgrade(config, "head")
