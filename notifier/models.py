@@ -177,7 +177,7 @@ notifications = Table(
     Index(
         "notifications_lease",
         "locked_until",
-        postgresql_where=text("locked_until IS NOT NULL"),
+        postgresql_where=text("status = 'processing'"),
     ),
     comment=TABLE_COMMENT,
 )

@@ -26,8 +26,7 @@ COUNT_BY_STATUS = text(
 
 GAUGES = text(
     """
-    SELECT (SELECT count(*) FROM notifications
-             WHERE status = 'processing' AND locked_until IS NOT NULL),
+    SELECT (SELECT count(*) FROM notifications WHERE status = 'processing'),
            (SELECT count(*) FROM notifications
              WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
     """
