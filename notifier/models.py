@@ -177,7 +177,7 @@ notifications = Table(
     Index(
         "notifications_lease",
         "locked_until",
-        postgresql_where=text("status = 'processing'"),
+        postgresql_where=text("locked_until IS NOT NULL"),
     ),
     comment=TABLE_COMMENT,
 )

@@ -45,7 +45,8 @@ GAUGES = text(
              WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
            (SELECT extract(epoch FROM now() - min(next_attempt_at))::float8 FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()) AS lag_seconds,
-           (SELECT count(*) FROM notifications WHERE status = 'processing') AS processing,
+           (SELECT count(*) FROM notifications
+             WHERE status = 'processing' AND locked_until IS NOT NULL) AS processing,
            (SELECT count(*) FROM notifications
              WHERE status = 'processing' AND locked_until < now() + interval '1 minute')
                AS leases_expiring,
@@ -83,7 +84,8 @@ WORKERS = text(
            w.alive_until > now() AS alive, coalesce(r.attempts, 0) AS attempts,
            r.last_attempt,
            (SELECT count(*) FROM notifications n
-             WHERE n.status = 'processing' AND n.claimed_by = coalesce(w.name, r.worker))
+             WHERE n.status = 'processing' AND n.locked_until IS NOT NULL
+               AND n.claimed_by = coalesce(w.name, r.worker))
              AS holding
       FROM workers w FULL JOIN recent r ON r.worker = w.name
      WHERE w.name IS NULL OR w.alive_until > now() - interval '1 hour'

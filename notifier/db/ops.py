@@ -26,7 +26,8 @@ COUNT_BY_STATUS = text(
 
 GAUGES = text(
     """
-    SELECT (SELECT count(*) FROM notifications WHERE status = 'processing'),
+    SELECT (SELECT count(*) FROM notifications
+             WHERE status = 'processing' AND locked_until IS NOT NULL),
            (SELECT count(*) FROM notifications
              WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
     """

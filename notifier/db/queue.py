@@ -76,6 +76,13 @@ CLAIM_DUE = for_driver(
 # ``notifications_due`` in its order and stops at the LIMIT: 7 ms. Local to the transaction.
 CLAIM_PLAN = "SET LOCAL enable_sort = off"
 
+# Run before ``RECORD_OUTCOMES`` in its transaction. The planner cannot know how many rows a
+# claim token holds (it estimates one), so it would read them first - with a sequential scan
+# of the whole table, or a nested loop that runs the group's ``unnest`` once per row of the
+# batch - instead of looking each of the group's rows up by its key. Without those two scans
+# to choose, the key lookups are the only cheap plan, whatever the table's size or statistics.
+RECORD_PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+
 # One guarded statement records a whole group of outcomes, from parallel arrays (as River's
 # JobSetStateIfRunningMany does): each row's way out of ``processing``, what it carries, and,
 # when a worker is named, its attempt appended to the history. The outcome travels as its
@@ -265,6 +272,7 @@ def record_outcomes(
         "sent_at": _column(number_array, [t.sent_at for t in outcomes]),
         "durations": _column(number_array, [t.duration_ms for t in outcomes]),
     }
+    driver(conn).execute(RECORD_PLAN)
     return int(conn.execute(RECORD_OUTCOMES, params).scalar_one())
 
 

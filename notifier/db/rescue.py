@@ -8,8 +8,8 @@ from notifier.db.workers import GONE, forget_gone
 
 # A row is taken back when its lease ran out, or when the worker that claimed it is gone (its
 # heartbeat lapsed, see ``notifier.db.workers``); a claimant without a heartbeat row (an older
-# release) only by the lease. Served by the ``notifications_lease`` partial index and the
-# workers' key.
+# release) only by the lease. Served by the ``notifications_lease`` partial index (whose
+# predicate, ``locked_until IS NOT NULL``, the query states) and the workers' key.
 RESCUE_EXPIRED = text(
     f"""
     WITH rescued AS (
@@ -34,7 +34,8 @@ RESCUE_EXPIRED = text(
                             THEN round(extract(epoch FROM now() - w.last_seen))::bigint
                        END AS silent
                   FROM notifications n LEFT JOIN workers w ON w.name = n.claimed_by
-                 WHERE n.status = 'processing' AND (n.locked_until < now() OR {GONE})
+                 WHERE n.status = 'processing' AND n.locked_until IS NOT NULL
+                   AND (n.locked_until < now() OR {GONE})
                  ORDER BY n.locked_until
                  LIMIT :limit
                    FOR UPDATE OF n SKIP LOCKED) AS expired

@@ -47,7 +47,7 @@ HELD_BY_GONE = text(
     f"""
     SELECT w.name, count(*), extract(epoch FROM now() - w.last_seen)::float8
       FROM notifications n JOIN workers w ON w.name = n.claimed_by
-     WHERE n.status = 'processing' AND {GONE}
+     WHERE n.status = 'processing' AND n.locked_until IS NOT NULL AND {GONE}
      GROUP BY w.name, w.last_seen
      ORDER BY count(*) DESC, w.name
     """

@@ -179,3 +179,51 @@ def test_a_look_at_claimed_rows_reads_them_by_id_alone(engine: Engine, make_rows
     assert "notifications_lease" not in plan, plan
     assert held == set(ids[:2])
     assert paused == set()
+
+
+def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
+    """The planner takes a claim token to hold one row, so for a large group it would rather
+    scan the whole table for the token's rows than look the group's rows up one by one; under
+    ``RECORD_PLAN`` it looks them up by their key."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient) "
+                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
+            )
+        )
+    token = uuid.uuid4()
+    with engine.begin() as conn:
+        claimed = queue.claim_due(conn, limit=1000, lease_seconds=60, token=token, worker="w")
+    group = [Transition(n.id, "sent", provider="null", sent_at=1.7e9) for n in claimed]
+    columns = ("codes", "errors", "next_at", "message_ids", "providers", "sent_at", "durations")
+    params = {
+        "token": token,
+        "worker": "w",
+        "ids": "{" + ",".join(str(t.id) for t in group) + "}",
+        **dict.fromkeys(columns, "{}"),
+    }
+    with engine.begin() as conn:
+        driver(conn).execute(queue.RECORD_PLAN)
+        explained = conn.execute(text(f"EXPLAIN {queue.RECORD_OUTCOMES.text}"), params)
+        plan = "\n".join(str(r[0]) for r in explained)
+        changed = queue.record_outcomes(conn, token, group, "w")
+    assert "Index Scan using notifications_pkey on notifications n" in plan, plan
+    assert "Seq Scan on notifications" not in plan, plan
+    assert changed == 1000
+
+
+def test_the_rescue_finds_leases_through_the_lease_index(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient) "
+                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
+            )
+        )
+        conn.execute(text("ANALYZE notifications"))
+        plan = "\n".join(
+            str(r[0])
+            for r in conn.execute(text(f"EXPLAIN {rescue.RESCUE_EXPIRED.text}"), {"limit": 1000})
+        )
+    assert "notifications_lease" in plan, plan
