@@ -132,6 +132,19 @@ def test_a_text_array_literal_reads_back_exactly(engine: Engine, values: list[st
     assert back == values
 
 
+def _insert_due(engine: Engine, rows: int) -> None:
+    """``rows`` due rows in one INSERT, as a bulk producer or a campaign writes them; the table
+    is not analyzed afterwards."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient)"
+                " SELECT 'null', 'r' || n FROM generate_series(1, :rows) AS n"
+            ),
+            {"rows": rows},
+        )
+
+
 def _plan(conn: Connection, statement: str, params: dict[str, object]) -> str:
     with driver(conn).cursor() as cur:
         return "\n".join(str(r[0]) for r in cur.execute(f"EXPLAIN {statement}", params))
@@ -140,16 +153,10 @@ def _plan(conn: Connection, statement: str, params: dict[str, object]) -> str:
 def test_a_claim_reads_the_due_index_in_order_even_before_any_analyze(engine: Engine) -> None:
     """Right after a bulk INSERT (no ANALYZE yet) the planner would read every due row and sort
     them for the LIMIT; under ``CLAIM_PLAN`` it walks ``notifications_due`` and stops."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient) "
-                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
-            )
-        )
-        first = int(conn.execute(text("SELECT min(id) FROM notifications")).scalar_one())
+    _insert_due(engine, 100_000)
     params = queue.claim_parameters(uuid.uuid4(), "w", 60, 1000, queue.ReadLimits())
     with engine.begin() as conn:
+        first = int(conn.execute(text("SELECT min(id) FROM notifications")).scalar_one())
         driver(conn).execute(queue.CLAIM_PLAN)
         plan = _plan(conn, queue.CLAIM_DUE, params)
         claimed = queue.claim_due(
@@ -185,13 +192,7 @@ def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
     """The planner takes a claim token to hold one row, so for a large group it would rather
     scan the whole table for the token's rows than look the group's rows up one by one; under
     ``RECORD_PLAN`` it looks them up by their key."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient) "
-                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
-            )
-        )
+    _insert_due(engine, 100_000)
     token = uuid.uuid4()
     with engine.begin() as conn:
         claimed = queue.claim_due(conn, limit=1000, lease_seconds=60, token=token, worker="w")
@@ -214,13 +215,8 @@ def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
 
 
 def test_the_rescue_finds_leases_through_the_lease_index(engine: Engine) -> None:
+    _insert_due(engine, 100_000)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO notifications (channel, recipient) "
-                "SELECT 'null', 'r' || n FROM generate_series(1, 100000) AS n"
-            )
-        )
         conn.execute(text("ANALYZE notifications"))
         plan = "\n".join(
             str(r[0])
