@@ -327,16 +327,14 @@ class Dispatcher:
                 ready = self._still_wanted(token, ready, report)
                 looked = time.monotonic()
             ready = self._start(token, ready, unrecorded)
-            # After the slots freed by the last wait are busy again, so that they send while
-            # the group is written, instead of standing idle for its round trips.
-            if unrecorded.due():
-                self._record(token, unrecorded, report)
             if sender.running:
                 unrecorded.add(sender.wait(pause))
                 if sender.running and time.monotonic() > overdue:
                     unrecorded.add(sender.abandon())
             elif queue and not ready:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+            if unrecorded.due():
+                self._record(token, unrecorded, report)
 
     def _start(
         self, token: UUID, ready: list[Notification], unrecorded: Unrecorded
