@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
@@ -141,16 +144,22 @@ def test_server_errors_back_off_then_dead_with_the_last_error(
     set_env(webhook_allow_http=True, webhook_allowed_networks=LOOPBACK)
     httpserver.expect_request("/hook").respond_with_data("overloaded", status=503)
     make_row(channel="webhook", recipient=httpserver.url_for("/hook"), max_attempts=3)
-    dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
-    waits = []
+    # The dispatcher's clock, held still: a retry is due exactly its wait after it, however
+    # long the machine takes between deciding and writing.
+    decided_at = datetime.now(UTC)
+    dispatcher = Dispatcher(
+        engine, load_registry(get_settings()), settings, clock=lambda: decided_at
+    )
+    waits: list[tuple[Any, ...]] = []
     for _ in range(3):
         _rows(engine, "UPDATE notifications SET next_attempt_at = now() RETURNING id")
         dispatcher.run_once()
         waits.extend(
             _rows(
                 engine,
-                "SELECT extract(epoch FROM next_attempt_at - updated_at)::float8, status,"
+                "SELECT extract(epoch FROM next_attempt_at - :decided_at)::float8, status,"
                 " attempts, last_error FROM notifications",
+                decided_at=decided_at,
             )
         )
     dispatcher.close()
