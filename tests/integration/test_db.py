@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, TextClause, text
 
 from notifier.db import queue, rescue
 from notifier.db.engine import driver
-from notifier.db.sql import text_array
+from notifier.db.sql import number_array, text_array
 from notifier.models import Transition
 from tests.factories import MakeRow, MakeRows
 
@@ -145,9 +145,15 @@ def _insert_due(engine: Engine, rows: int) -> None:
         )
 
 
-def _plan(conn: Connection, statement: str, params: dict[str, object]) -> str:
-    with driver(conn).cursor() as cur:
-        return "\n".join(str(r[0]) for r in cur.execute(f"EXPLAIN {statement}", params))
+def _plan(conn: Connection, statement: str | TextClause, params: dict[str, object]) -> str:
+    """The plan PostgreSQL would run ``statement`` with (a driver-format string, as
+    ``CLAIM_DUE``, or a SQLAlchemy ``text()``), as one string."""
+    if isinstance(statement, TextClause):
+        rows = conn.execute(text(f"EXPLAIN {statement.text}"), params).all()
+    else:
+        with driver(conn).cursor() as cur:
+            rows = cur.execute(f"EXPLAIN {statement}", params).fetchall()
+    return "\n".join(str(r[0]) for r in rows)
 
 
 def test_a_claim_reads_the_due_index_in_order_even_before_any_analyze(engine: Engine) -> None:
@@ -175,13 +181,7 @@ def test_a_look_at_claimed_rows_reads_them_by_id_alone(engine: Engine, make_rows
     token = uuid.uuid4()
     with engine.begin() as conn:
         queue.claim_due(conn, limit=2, lease_seconds=60, token=token, worker="w")
-        plan = "\n".join(
-            str(r[0])
-            for r in conn.execute(
-                text(f"EXPLAIN {queue.RECHECK.text}"),
-                {"token": token, "ids": "{" + ",".join(map(str, ids)) + "}"},
-            )
-        )
+        plan = _plan(conn, queue.RECHECK, {"token": token, "ids": number_array(ids)})
         held, paused = queue.recheck(conn, token, ids)
     assert "notifications_lease" not in plan, plan
     assert held == set(ids[:2])
@@ -201,13 +201,12 @@ def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
     params = {
         "token": token,
         "worker": "w",
-        "ids": "{" + ",".join(str(t.id) for t in group) + "}",
+        "ids": number_array(t.id for t in group),
         **dict.fromkeys(columns, "{}"),
     }
     with engine.begin() as conn:
         driver(conn).execute(queue.RECORD_PLAN)
-        explained = conn.execute(text(f"EXPLAIN {queue.RECORD_OUTCOMES.text}"), params)
-        plan = "\n".join(str(r[0]) for r in explained)
+        plan = _plan(conn, queue.RECORD_OUTCOMES, params)
         changed = queue.record_outcomes(conn, token, group, "w")
     assert "Index Scan using notifications_pkey on notifications n" in plan, plan
     assert "Seq Scan on notifications" not in plan, plan
@@ -218,8 +217,5 @@ def test_the_rescue_finds_leases_through_the_lease_index(engine: Engine) -> None
     _insert_due(engine, 100_000)
     with engine.begin() as conn:
         conn.execute(text("ANALYZE notifications"))
-        plan = "\n".join(
-            str(r[0])
-            for r in conn.execute(text(f"EXPLAIN {rescue.RESCUE_EXPIRED.text}"), {"limit": 1000})
-        )
+        plan = _plan(conn, rescue.RESCUE_EXPIRED, {"limit": 1000})
     assert "notifications_lease" in plan, plan
