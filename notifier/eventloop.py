@@ -10,6 +10,7 @@ inherited and makes its own. The dispatcher starts its asynchronous sends here
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -41,11 +42,17 @@ def get() -> asyncio.AbstractEventLoop:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the loop and wait for its result, from any thread but the loop's own."""
+    return submit(coro).result()
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on the loop, from any thread but the loop's own; its future, to wait for
+    within a timeout, or to leave running and be told (``add_done_callback``) when it ends."""
     loop = get()
     if in_loop_thread():
         coro.close()
         raise RuntimeError("called from the event loop's own thread, it would wait for itself")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
 def in_loop_thread() -> bool:

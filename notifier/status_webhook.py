@@ -16,6 +16,16 @@ them. ``deliver`` (the ``notifier.status_webhook`` task, fired by beat every few
   spent; a redirect (never followed) or another 4xx ``dead`` at once. A dead event keeps why in
   ``last_error``.
 
+**A run holds its worker process for about ``RUN_SECONDS`` (1 s) at most**, whatever the
+receiver does: it claims no batch after that, and waits no longer for answers. Requests still
+unanswered then go on without it on the process's event loop, within their own timeouts, and a
+thread records their answers when they come; the task has returned, and the process runs
+dispatches meanwhile. So a producer's slow or hanging receiver never holds a process that
+dispatch needs, even at ``--concurrency=1`` with every task on the default queue. Not a
+shorter HTTP timeout instead: a receiver that takes two seconds would then never be answered
+in time, and not a queue and worker of its own: a deployment that did not start that worker
+would never send an event.
+
 Several events per request, because one POST per event cost a worker more than the send it
 reports (a busy drain's rate halved); a receiver stores a request's events together or answers
 an error for them all. Each event carries its own ``id`` the receiver deduplicates by: a retry
@@ -28,11 +38,13 @@ sender stopped between the POST and its record, sends the events again under the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -57,9 +69,11 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 #: Events one request carries at most.
 EVENTS_PER_POST = 100
-#: Seconds between two beat-fired deliveries (``celeryconfig``), and how long one keeps
-#: starting batches: it holds a worker process the dispatches could use meanwhile.
+#: Seconds between two beat-fired deliveries (``celeryconfig``).
 BEAT_SECONDS = 5.0
+#: Seconds a beat-fired run keeps its worker process at most: it claims no batch after that,
+#: and leaves requests still unanswered then to finish on the event loop (see above).
+RUN_SECONDS = 1.0
 #: Added to the longest a batch's POSTs can take, for the lease of its claim.
 LEASE_MARGIN_SECONDS = 60.0
 
@@ -70,6 +84,10 @@ class Report:
     sent: int = 0
     retried: int = 0
     dead: int = 0
+    #: events whose request the run left to finish, and be recorded, after it returned
+    answering: int = 0
+    #: the run stopped at its budget while more events may be due
+    more_due: bool = False
 
 
 def wanted(settings: Settings) -> list[str]:
@@ -120,13 +138,37 @@ def deliver(
     settings: Settings,
     budget_seconds: float | None = None,
     per_post: int = EVENTS_PER_POST,
+    finished: Callable[[], None] | None = None,
 ) -> Report:
-    """Send due events, batch after batch, until none is due or ``budget_seconds`` is spent;
-    with a budget, only one batch while due notifications wait: they go first, and the events
-    they make follow once the backlog is gone."""
+    """Send due events, batch after batch, until none is due or ``budget_seconds`` is spent.
+
+    With a budget the run returns once it is spent, even while a batch's requests are still
+    waiting for their answers: those go on on the event loop and are recorded when they end
+    (``Report.answering`` counts their events). While due notifications wait, one batch only:
+    they go first, and the events they make follow once the backlog is gone. ``finished`` is
+    called once every request of the run is recorded: before it returns, or later, from the
+    thread that records the requests it left running."""
     report = Report()
+    handed_off = False
+    try:
+        handed_off = _deliver(engine, settings, budget_seconds, per_post, finished, report)
+    finally:
+        if finished is not None and not handed_off:
+            finished()
+    return report
+
+
+def _deliver(
+    engine: Engine,
+    settings: Settings,
+    budget_seconds: float | None,
+    per_post: int,
+    finished: Callable[[], None] | None,
+    report: Report,
+) -> bool:
+    """``deliver``'s work; whether it left a batch's requests running for a thread to record."""
     if not settings.status_webhook_url:
-        return report
+        return False
     try:
         url = _url(settings.status_webhook_url)
         key = (
@@ -136,14 +178,14 @@ def deliver(
         )
     except ValueError as exc:  # events wait, unsent, until the setting is fixed
         log.error("status webhook not sent: %s", exc)
-        return report
+        return False
     try:  # a worker whose start could not take the lock tries again
         configure(engine, settings)
     except DBAPIError as exc:  # the events already written go out all the same
         log.warning("could not switch the status webhook's events: %s", exc)
     limit = settings.webhook_timeout
     lease = 3 * limit + LEASE_MARGIN_SECONDS
-    started = time.monotonic()
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
     with engine.begin() as conn:
         rescued = queries.rescue(conn, settings.status_webhook_max_attempts)
     if rescued:
@@ -155,26 +197,69 @@ def deliver(
         with engine.begin() as conn:
             events = queries.claim(conn, token, BATCH_SIZE, lease)
         if not events:
-            break
+            return False
         took = time.monotonic()
-        outcomes = eventloop.run(_post_all(url, key, events, limit, per_post))
-        batch = _record(engine, settings, token, events, outcomes)
-        log.info(
-            "status webhook claimed=%d sent=%d retried=%d dead=%d took=%.2fs",
-            batch.claimed,
-            batch.sent,
-            batch.retried,
-            batch.dead,
-            time.monotonic() - took,
-            extra={"event": "status_webhook", **_fields(batch)},
-        )
-        for name, value in _fields(batch).items():
-            setattr(report, name, getattr(report, name) + value)
+        answers = eventloop.submit(_post_all(url, key, events, limit, per_post))
+        wait = None if deadline is None else max(deadline - took, 0.0)
+        try:
+            outcomes = answers.result(wait)
+        except TimeoutError:  # the budget is spent: the answers are recorded when they come
+            if not answers.done():  # else it ended just now: recorded here, as usual
+                _record_later(answers, engine, settings, token, events, took, finished)
+                report.answering += len(events)
+                return True
+            outcomes = answers.result()
+        _add(report, _record(engine, settings, token, events, outcomes), took)
         if len(events) < BATCH_SIZE or one_batch:
-            break
-        if budget_seconds is not None and time.monotonic() - started >= budget_seconds:
-            break
-    return report
+            return False
+        if deadline is not None and time.monotonic() >= deadline:
+            report.more_due = True
+            return False
+
+
+def _record_later(
+    answers: concurrent.futures.Future[list[Outcome]],
+    engine: Engine,
+    settings: Settings,
+    token: uuid.UUID,
+    events: Sequence[Event],
+    took: float,
+    finished: Callable[[], None] | None,
+) -> None:
+    """Once ``answers`` are in, record them from a thread of their own (never on the loop,
+    which must not block on the database), then call ``finished``."""
+
+    def record() -> None:
+        try:
+            if answers.cancelled():  # the process is stopping: the lease takes them back
+                log.warning("status webhook: %d events left unanswered at exit", len(events))
+            else:
+                _add(Report(), _record(engine, settings, token, events, answers.result()), took)
+        except Exception:  # the lease takes them back, and the next run sends them again
+            log.exception("status webhook: could not record %d events' answers", len(events))
+        finally:
+            if finished is not None:
+                finished()
+
+    def started(_: object) -> None:
+        threading.Thread(target=record, name="notifier-status-webhook", daemon=True).start()
+
+    answers.add_done_callback(started)
+
+
+def _add(report: Report, batch: Report, took: float) -> None:
+    """Log one recorded batch, and count it into ``report``."""
+    log.info(
+        "status webhook claimed=%d sent=%d retried=%d dead=%d took=%.2fs",
+        batch.claimed,
+        batch.sent,
+        batch.retried,
+        batch.dead,
+        time.monotonic() - took,
+        extra={"event": "status_webhook", **_fields(batch)},
+    )
+    for name, value in _fields(batch).items():
+        setattr(report, name, getattr(report, name) + value)
 
 
 def counts(engine: Engine) -> Counts:

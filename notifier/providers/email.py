@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from notifier import unsubscribe
 from notifier.models import Notification, truncate
+from notifier.providers import hostname
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.email_message import (
     ADDRESS,
@@ -100,6 +101,11 @@ class EmailProvider(Provider):
             raise InvalidNotification(
                 f"recipient {shown} is not a plain ASCII email address like 'ada@example.com' "
                 "(give an internationalised domain in punycode)"
+            )
+        domain_problem = hostname.problem(recipient.rpartition("@")[2])
+        if domain_problem is not None:
+            raise InvalidNotification(
+                f"recipient {shown} is not a valid email address: its domain {domain_problem}"
             )
         if subject is not None:
             check_text("subject", subject)

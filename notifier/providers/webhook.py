@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import json
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -33,6 +34,7 @@ import yarl
 
 from notifier import eventloop
 from notifier.models import Notification, truncate
+from notifier.providers import hostname
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.http import parse_retry_after
 from notifier.providers.netguard import (
@@ -188,11 +190,23 @@ class WebhookProvider(Provider):
                 f"recipient URL scheme {parts.scheme!r} is not supported; use https"
             )
         try:
-            parts.port  # noqa: B018 - raises on a port that is not a number in range
-            yarl.URL(url)
+            port = parts.port  # raises on a port that is not a number in range
+            raw_host = yarl.URL(url).raw_host or ""
         except ValueError as exc:
             raise InvalidNotification(f"recipient URL is malformed: {exc}") from None
+        if port == 0:
+            raise InvalidNotification(
+                "recipient URL has port 0, which no connection can reach; give the receiver's "
+                "port (1-65535), or none for the scheme's default"
+            )
         self._check_host(parts.hostname)
+        if not _is_ip_literal(parts.hostname):
+            name_problem = hostname.problem(raw_host, underscore=True)
+            if name_problem is not None:
+                raise InvalidNotification(
+                    f"recipient URL host {truncate(raw_host, 100)!r} can never be looked up: it "
+                    + name_problem
+                )
         try:
             self._body(notification)
         except (TypeError, ValueError) as exc:
@@ -307,6 +321,14 @@ async def _read_some(response: aiohttp.ClientResponse) -> str:
             break
         chunks += chunk
     return bytes(chunks).decode("utf-8", errors="replace")
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def receiver_scope(url: str | yarl.URL) -> str | None:

@@ -118,24 +118,34 @@ def finish_campaigns() -> list[str]:
     return names
 
 
-#: Set while a status webhook run is under way: one at a time, so a receiver that hangs holds
-#: one worker process at most, and triggers queued behind a backlog return at once.
+#: Set while a status webhook run is under way, until every request it made is recorded: one
+#: at a time, so a receiver that hangs has one run's requests open at most.
 STATUS_WEBHOOK_FLAG = "notifier:status_webhook:running"
 
 
 @app.task(name="notifier.status_webhook")
 def send_status_events() -> int:
-    """POST the status webhook's due events (``notifier.status_webhook``), one run at a time."""
+    """POST the status webhook's due events (``notifier.status_webhook``), one run at a time.
+
+    A run keeps this process for ``status_webhook.RUN_SECONDS`` (1 s) at most, on whatever
+    queue and at whatever ``--concurrency``: requests the receiver has not answered by then
+    finish on the process's event loop while it runs dispatches, and the flag is cleared once
+    they are recorded. A run that stopped with events still due queues the next one at once."""
     settings = get_settings()
-    budget = status_webhook.BEAT_SECONDS
-    longest = budget + 3 * settings.webhook_timeout + 60  # the flag outlives a run that died
+    longest = status_webhook.RUN_SECONDS + 3 * settings.webhook_timeout + 60  # a run that died
     if not redis_client().set(STATUS_WEBHOOK_FLAG, 1, nx=True, ex=int(longest)):
         return 0
-    try:
-        return status_webhook.deliver(db.engine(), settings, budget_seconds=budget).sent
-    finally:
-        with contextlib.suppress(redis.RedisError):  # it expires by itself
-            redis_client().delete(STATUS_WEBHOOK_FLAG)
+    report = status_webhook.deliver(
+        db.engine(), settings, budget_seconds=status_webhook.RUN_SECONDS, finished=_run_over
+    )
+    if report.more_due:  # behind the dispatches already queued: they wait 1 s at most
+        send_status_events.apply_async(expires=status_webhook.BEAT_SECONDS)
+    return report.sent
+
+
+def _run_over() -> None:
+    with contextlib.suppress(redis.RedisError):  # it expires by itself
+        redis_client().delete(STATUS_WEBHOOK_FLAG)
 
 
 @app.task(name="notifier.purge")

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +31,7 @@ from notifier.settings import Settings, get_settings
 from tests.commands import run
 from tests.migrations import migrate
 from tests.prometheus import samples, scrape
+from tests.raw_server import RawServer, silence
 from tests.receiver import Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"status-webhook-test-key-32-bytes").decode()
@@ -564,3 +565,47 @@ def test_while_notifications_wait_a_run_sends_one_batch_of_events(
     _cancel(engine, "more-2")
     _cancel(engine, "due")
     assert status_webhook.deliver(engine, on, budget_seconds=5).claimed == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_run_returns_at_its_budget_and_a_hanging_request_is_recorded_later(
+    engine: Engine, settings: Settings, raw_server: Callable[..., RawServer]
+) -> None:
+    """A beat-fired run keeps its process about ``RUN_SECONDS``, not a receiver's timeout: the
+    request goes on without it and keeps its whole timeout, recorded as usual once it ends."""
+    hanging = raw_server(silence)  # reads the request, answers nothing for 10 s
+    on = _with_events(engine, settings, f"{hanging.url}/status", "k", webhook_timeout=4.0)
+    finished = threading.Event()
+
+    started = time.monotonic()
+    report = status_webhook.deliver(engine, on, budget_seconds=0.3, finished=finished.set)
+    took = time.monotonic() - started
+
+    assert took < on.webhook_timeout / 2  # it did not wait for the read timeout
+    assert (report.claimed, report.answering) == (0, 1)
+    assert not finished.is_set()  # the run's request is still open
+    assert [s for *_, s in _events(engine)] == ["processing"]
+    assert finished.wait(30)
+    assert time.monotonic() - started >= on.webhook_timeout  # its whole timeout, not the budget
+    assert hanging.accepted == 1
+    with engine.connect() as conn:
+        status, attempts, error = conn.execute(
+            text("SELECT status, attempts, last_error FROM status_events")
+        ).one()
+    assert (status, attempts) == ("pending", 1)
+    assert "timed out (ReadTimeout) after the 4s limit" in error
+
+
+def test_a_run_with_nothing_left_running_is_finished_when_it_returns(
+    engine: Engine, settings: Settings, receiver: Receiver
+) -> None:
+    on = _with_events(engine, settings, receiver.url, "k")
+    finished = threading.Event()
+    report = status_webhook.deliver(engine, on, budget_seconds=30, finished=finished.set)
+    assert (report.sent, report.answering, report.more_due) == (1, 0, False)
+    assert finished.is_set()
+    bad = _on(settings, "ftp://example.com/")  # nothing sent at all: finished all the same
+    finished.clear()
+    report = status_webhook.deliver(engine, bad, budget_seconds=30, finished=finished.set)
+    assert report.claimed == 0
+    assert finished.is_set()

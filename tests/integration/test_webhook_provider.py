@@ -285,6 +285,9 @@ INVALID = [
     ("{base}/hook\r\nX-Injected: 1", "whitespace"),
     ("https://example.com/" + "a" * 2100, "at most 2048"),
     ("https://example.com:99999/hook", "malformed"),
+    ("https://example.com:0/hook", "port 0, which no connection can reach"),
+    ("https://hooks..example.com/hook", "has an empty label"),
+    ("https://xn--zz.example.com/hook", "not a valid internationalised"),
 ]
 
 
