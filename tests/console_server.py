@@ -87,9 +87,10 @@ class Console:
     _out: IO[bytes] | None = None
     _clients: list[Client] = field(default_factory=list)
 
-    def client(self) -> Client:
-        """A plain HTTP client of this console, closed with it."""
-        self._clients.append(Client(self.url))
+    def client(self, local_address: str | None = None) -> Client:
+        """A plain HTTP client of this console, closed with it; ``local_address`` (another
+        loopback address, 127.0.0.2) makes it another client to the console."""
+        self._clients.append(Client(self.url, local_address))
         return self._clients[-1]
 
     @property
@@ -132,15 +133,29 @@ class Client:
     """Plain HTTP with the cookies a browser would send to ``http://localhost`` (httpx keeps
     ``Secure`` cookies for HTTPS)."""
 
-    def __init__(self, base: str) -> None:
-        self.http = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+    def __init__(self, base: str, local_address: str | None = None) -> None:
+        self.http = httpx.Client(
+            base_url=base,
+            follow_redirects=False,
+            timeout=30,
+            transport=httpx.HTTPTransport(local_address=local_address),
+        )
         self.cookies: dict[str, str] = {}
         self.set_cookie: list[str] = []
 
-    def request(self, method: str, path: str, data: dict[str, str] | None = None) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        data: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
         header = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         response = self.http.request(
-            method, path, data=data, headers={"cookie": header} if header else {}
+            method,
+            path,
+            data=data,
+            headers={**({"cookie": header} if header else {}), **(headers or {})},
         )
         for raw in response.headers.get_list("set-cookie"):
             self.set_cookie.append(raw)
@@ -154,16 +169,18 @@ class Client:
 
     def login(self, user: str) -> str:
         """Log in; the session's CSRF token."""
+        r = self.try_login(user, PASSWORDS[user])
+        assert r.status_code == 303, r.text
+        return self.csrf()
+
+    def try_login(self, user: str, password: str) -> httpx.Response:
+        """The login form fetched and posted with ``user`` and ``password``; the answer."""
         page = self.request("GET", "/login").text
         token = re.search(r'name="login_token" value="([^"]+)"', page)
         assert token is not None
-        r = self.request(
-            "POST",
-            "/login",
-            {"login_token": token[1], "user": user, "password": PASSWORDS[user]},
+        return self.request(
+            "POST", "/login", {"login_token": token[1], "user": user, "password": password}
         )
-        assert r.status_code == 303, r.text
-        return self.csrf()
 
     def csrf(self) -> str:
         found = re.search(r'name="csrf" value="([^"]+)"', self.request("GET", "/").text)

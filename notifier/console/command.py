@@ -71,26 +71,35 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     import uvicorn
 
     from notifier import db
+    from notifier.console.gate import Gate
     from notifier.console.site import create_app
     from notifier.settings import get_settings
     from notifier.specs import parse_users
 
     settings = get_settings()
+    port = port or settings.console_port
+    scheme, proxies = settings.console_scheme, settings.console_trusted_proxies
+    if settings.console_hosts:
+        gate = Gate(tuple(settings.console_hosts), scheme, tuple(proxies))
+    else:
+        gate = Gate.loopback(port, scheme, proxies)
     app = create_app(
         db.make_engine(settings.database_url),
         parse_users(settings.console_users),
         secure_cookie=settings.console_secure_cookie,
         session_seconds=settings.console_session_minutes * 60,
         flower_url=settings.console_flower_url,
+        gate=gate,
     )
     uvicorn.run(
         app,
         host=host or settings.console_host,
-        port=port or settings.console_port,
+        port=port,
         # Its access log prints query strings; the console writes its own without them.
         access_log=False,
         log_config=None,
         server_header=False,
-        proxy_headers=True,
+        # The gate reads X-Forwarded-* itself, from NOTIFIER_CONSOLE_TRUSTED_PROXIES only.
+        proxy_headers=False,
     )
     return 0
