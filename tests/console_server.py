@@ -8,14 +8,18 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import httpx
+import uvicorn
 from sqlalchemy import Engine, text
+from starlette.applications import Starlette
 
 from notifier.console.auth import hash_password
 
@@ -201,3 +205,44 @@ def console_env(database_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+class Clock:
+    """A clock for the console's limits that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextmanager
+def serving(app: Starlette, port: int) -> Iterator[str]:
+    """``app`` served by uvicorn on a loopback ``port`` in a thread of this process (so that a
+    test can hand it a ``Clock``); its base URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        proxy_headers=False,  # as notifier console serves it
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "uvicorn stopped"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
