@@ -228,6 +228,8 @@ def parse_hosts(spec: str) -> list[HostPattern]:
     patterns = []
     for entry in filter(None, (e.strip() for e in spec.split(","))):
         try:
+            if "://" in entry:
+                raise ValueError("names a scheme (NOTIFIER_CONSOLE_SCHEME says that)")
             patterns.append(HostPattern(*split_host(entry, pattern=True)))
         except ValueError as exc:
             raise ValueError(f"{entry!r} {exc}; write {HOST_SYNTAX}") from None

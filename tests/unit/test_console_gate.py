@@ -14,7 +14,9 @@ from starlette.routing import Match
 from notifier.console import actions, pages
 from notifier.console.app import Segment, segment
 from notifier.console.gate import Gate, route_path
+from notifier.settings import SettingsError, get_settings
 from notifier.specs import HostPattern, parse_hosts
+from tests.factories import SetEnv
 
 GATE = Gate.loopback(8090)
 DOTS = (".", "..")
@@ -179,3 +181,26 @@ def test_a_path_sent_with_slashes_in_a_name_stays_apart() -> None:
     )
     assert route_path(b"/notific%61tions/1") == "/notifications/1"
     assert route_path(b"/a b/%e9") == "/a%20b/%E9"
+
+
+def test_the_console_settings_are_parsed_once_and_refused_naming_the_variable(
+    set_env: SetEnv,
+) -> None:
+    set_env(
+        console_hosts="console.example.com,[::1]:8090",
+        console_scheme="https",
+        console_trusted_proxies="10.0.0.0/8",
+    )
+    s = get_settings()
+    assert s.console_hosts == [HostPattern("console.example.com"), HostPattern("[::1]", 8090)]
+    assert (s.console_scheme, [str(n) for n in s.console_trusted_proxies]) == (
+        "https",
+        ["10.0.0.0/8"],
+    )
+    set_env(console_hosts="https://console.example.com", console_scheme="ftp")
+    with pytest.raises(SettingsError) as refused:
+        get_settings()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "NOTIFIER_CONSOLE_HOSTS: 'https://console.example.com' names a scheme" in message
+    assert "NOTIFIER_CONSOLE_SCHEME: Input should be 'http' or 'https'" in message
