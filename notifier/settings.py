@@ -14,14 +14,16 @@ from enum import StrEnum
 from functools import lru_cache
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from notifier.specs import (
+    HostPattern,
     normalize_locale,
     parse_failover,
+    parse_hosts,
     parse_limits,
     parse_overrides,
     parse_users,
@@ -320,6 +322,29 @@ class Settings(BaseSettings):
     console_port: int = Field(8090, gt=0, lt=65536)
     """The port ``notifier console`` listens on."""
 
+    console_hosts: Annotated[list[HostPattern], NoDecode] = Field(default_factory=list)
+    """The names the console answers for (the ``Host`` header), comma-separated ``host[:port]``
+    entries: ``console.example.com``, ``127.0.0.1:8090``, ``[::1]``, ``*.example.com``; without
+    a port, any port. Any other host gets 400 before anything else is read, so that a page of
+    another site whose name resolves to the console's address (DNS rebinding) reaches nothing.
+    Empty: ``127.0.0.1``, ``localhost`` and ``[::1]`` on the port the console listens on. Behind
+    a proxy, list the name browsers use (and the ``Host`` the proxy forwards, if it rewrites
+    it)."""
+
+    console_scheme: Literal["http", "https"] = "http"
+    """How browsers reach the console: ``https`` behind a proxy that terminates TLS (a trusted
+    proxy's ``X-Forwarded-Proto`` says it too). A form is accepted only from the origin of this
+    scheme, an allowed host and its port; ``Origin: null`` never."""
+
+    console_trusted_proxies: Annotated[list[IPv4Network | IPv6Network], NoDecode] = Field(
+        default_factory=list
+    )
+    """Reverse proxies in front of the console (comma-separated addresses or CIDRs) whose
+    ``X-Forwarded-For`` and ``X-Forwarded-Proto`` it believes, from those peers only. The client
+    (whose failed logins are counted) is then the nearest address in ``X-Forwarded-For`` that
+    is not one of them. Empty: no proxy; the client is the peer address, and the headers, which
+    anyone can send, are ignored."""
+
     console_secure_cookie: bool = True
     """Mark the session cookie ``Secure`` (sent over HTTPS only; browsers also send it to
     ``http://localhost``). Turn off only to reach the console over plain HTTP on another name."""
@@ -387,7 +412,12 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown {', '.join(sorted(unknown))}; known: {known}")
         return value
 
-    @field_validator("webhook_allowed_networks", mode="before")
+    @field_validator("console_hosts", mode="before")
+    @classmethod
+    def _parse_console_hosts(cls, value: object) -> object:
+        return parse_hosts(value) if isinstance(value, str) else value
+
+    @field_validator("webhook_allowed_networks", "console_trusted_proxies", mode="before")
     @classmethod
     def _split_networks(cls, value: object) -> object:
         """Read the environment's comma-separated list (``NoDecode`` keeps it from JSON)."""

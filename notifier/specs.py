@@ -1,5 +1,6 @@
 """The small grammars of notifier's settings, each parsed by one function that names what it
-expects when it refuses: failover chains, recipient overrides, rate windows and locales.
+expects when it refuses: failover chains, recipient overrides, rate windows, locales, and the
+console's users and host names.
 
 Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
 """
@@ -7,6 +8,7 @@ Imports nothing of notifier, so that ``notifier.settings`` can check a value at 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -166,3 +168,69 @@ def parse_users(spec: str) -> dict[str, User]:
             raise ValueError(f"user {name!r} is listed twice")
         users[name] = User(name, encoded, Role(role))
     return users
+
+
+# --- the hosts the operators' console answers for (NOTIFIER_CONSOLE_HOSTS) --------------------
+
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
+HOST_SYNTAX = "host[:port], e.g. console.example.com, 127.0.0.1:8090, [::1] or *.example.com"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """A host the console answers for: a name, an IPv4 address or a bracketed IPv6 one, in
+    lower case, or ``*.example.com`` for every name under ``example.com``; ``port`` ``None``
+    for any port."""
+
+    host: str
+    port: int | None = None
+
+    def matches(self, host: str, port: int) -> bool:
+        if self.port is not None and port != self.port:
+            return False
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:]) and len(host) > len(self.host) - 1
+        return host == self.host
+
+
+def split_host(text: str, *, pattern: bool = False) -> tuple[str, int | None]:
+    """``host[:port]`` (``[v6][:port]``) -> (host in lower case, port or ``None``); a
+    ``ValueError`` saying what is wrong. Only a ``pattern`` may start with ``*.``."""
+    text = text.strip().lower()
+    if text.startswith("["):
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket:
+            raise ValueError("opens an IPv6 address with [ but does not close it")
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            raise ValueError(f"has [{inside}], which is not an IPv6 address") from None
+        host = f"[{inside}]"
+    else:
+        host, colon, port_text = text.partition(":")
+        rest = colon + port_text
+        name = host[2:] if pattern and host.startswith("*.") else host
+        if not _HOST_NAME.match(name):
+            raise ValueError("is not a host name or address")
+    if not rest:
+        return host, None
+    port = rest[1:]
+    if not rest.startswith(":") or not (port.isascii() and port.isdigit() and len(port) <= 5):
+        raise ValueError("has a port that is not a number")
+    if not 0 < int(port) < 65536:
+        raise ValueError("has a port outside 1 to 65535")
+    return host, int(port)
+
+
+def parse_hosts(spec: str) -> list[HostPattern]:
+    """``NOTIFIER_CONSOLE_HOSTS`` -> patterns; ``ValueError`` naming the bad entry."""
+    patterns = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        try:
+            if "://" in entry:
+                raise ValueError("names a scheme (NOTIFIER_CONSOLE_SCHEME says that)")
+            patterns.append(HostPattern(*split_host(entry, pattern=True)))
+        except ValueError as exc:
+            raise ValueError(f"{entry!r} {exc}; write {HOST_SYNTAX}") from None
+    return patterns

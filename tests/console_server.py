@@ -8,14 +8,18 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import httpx
+import uvicorn
 from sqlalchemy import Engine, text
+from starlette.applications import Starlette
 
 from notifier.console.auth import hash_password
 
@@ -87,9 +91,10 @@ class Console:
     _out: IO[bytes] | None = None
     _clients: list[Client] = field(default_factory=list)
 
-    def client(self) -> Client:
-        """A plain HTTP client of this console, closed with it."""
-        self._clients.append(Client(self.url))
+    def client(self, local_address: str | None = None) -> Client:
+        """A plain HTTP client of this console, closed with it; ``local_address`` (another
+        loopback address, 127.0.0.2) makes it another client to the console."""
+        self._clients.append(Client(self.url, local_address))
         return self._clients[-1]
 
     @property
@@ -132,15 +137,29 @@ class Client:
     """Plain HTTP with the cookies a browser would send to ``http://localhost`` (httpx keeps
     ``Secure`` cookies for HTTPS)."""
 
-    def __init__(self, base: str) -> None:
-        self.http = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+    def __init__(self, base: str, local_address: str | None = None) -> None:
+        self.http = httpx.Client(
+            base_url=base,
+            follow_redirects=False,
+            timeout=30,
+            transport=httpx.HTTPTransport(local_address=local_address),
+        )
         self.cookies: dict[str, str] = {}
         self.set_cookie: list[str] = []
 
-    def request(self, method: str, path: str, data: dict[str, str] | None = None) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        data: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
         header = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         response = self.http.request(
-            method, path, data=data, headers={"cookie": header} if header else {}
+            method,
+            path,
+            data=data,
+            headers={**({"cookie": header} if header else {}), **(headers or {})},
         )
         for raw in response.headers.get_list("set-cookie"):
             self.set_cookie.append(raw)
@@ -154,16 +173,18 @@ class Client:
 
     def login(self, user: str) -> str:
         """Log in; the session's CSRF token."""
+        r = self.try_login(user, PASSWORDS[user])
+        assert r.status_code == 303, r.text
+        return self.csrf()
+
+    def try_login(self, user: str, password: str) -> httpx.Response:
+        """The login form fetched and posted with ``user`` and ``password``; the answer."""
         page = self.request("GET", "/login").text
         token = re.search(r'name="login_token" value="([^"]+)"', page)
         assert token is not None
-        r = self.request(
-            "POST",
-            "/login",
-            {"login_token": token[1], "user": user, "password": PASSWORDS[user]},
+        return self.request(
+            "POST", "/login", {"login_token": token[1], "user": user, "password": password}
         )
-        assert r.status_code == 303, r.text
-        return self.csrf()
 
     def csrf(self) -> str:
         found = re.search(r'name="csrf" value="([^"]+)"', self.request("GET", "/").text)
@@ -184,3 +205,44 @@ def console_env(database_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+class Clock:
+    """A clock for the console's limits that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextmanager
+def serving(app: Starlette, port: int) -> Iterator[str]:
+    """``app`` served by uvicorn on a loopback ``port`` in a thread of this process (so that a
+    test can hand it a ``Clock``); its base URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        proxy_headers=False,  # as notifier console serves it
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "uvicorn stopped"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from notifier import ops
 from notifier.campaigns import CampaignError, Campaigns
 from notifier.console import filters
-from notifier.console.app import console, page, post, refuse, render, session
+from notifier.console.app import console, page, post, refuse, render, segment, session
 from notifier.console.pages import db
 from notifier.db import console as queries
 from notifier.db import content as content_store
@@ -101,7 +101,7 @@ async def act_on_row(request: Request, values: dict[str, str]) -> Response:
     )
     # Post/redirect/get: reloading the page shows the row, and does not post again.
     outcome = done_word if done else "unchanged"
-    return RedirectResponse(f"/notifications/{row_id}?done={outcome}", status_code=303)
+    return RedirectResponse(f"/notifications/{segment(row_id)}?done={outcome}", status_code=303)
 
 
 # --- bulk ---------------------------------------------------------------------------------------
@@ -338,18 +338,26 @@ async def preview(request: Request, values: dict[str, str]) -> Response:
 
 def routes() -> list[Route]:
     return [
-        Route("/notifications/{id}/{action}", confirm_row, methods=["GET"]),
-        Route("/notifications/{id}/{action}", act_on_row, methods=["POST"]),
+        Route("/notifications/{id:segment}/{action:segment}", confirm_row, methods=["GET"]),
+        Route("/notifications/{id:segment}/{action:segment}", act_on_row, methods=["POST"]),
         Route("/bulk", bulk_form, methods=["GET"]),
         Route("/bulk/count", bulk_count, methods=["POST"]),
         Route("/bulk/run", bulk_run, methods=["POST"]),
         Route("/campaigns", campaigns, methods=["GET"]),
-        Route("/campaigns/{name}/{action}", confirm_campaign, methods=["GET"]),
-        Route("/campaigns/{name}/{action}", act_on_campaign, methods=["POST"]),
+        Route("/campaigns/{name:segment}/{action:segment}", confirm_campaign, methods=["GET"]),
+        Route("/campaigns/{name:segment}/{action:segment}", act_on_campaign, methods=["POST"]),
         Route("/suppressions", suppressions, methods=["GET"]),
         Route("/suppressions/search", suppression_search, methods=["POST"]),
-        Route("/suppressions/{change:str}", suppression_change, methods=["POST"]),
+        Route("/suppressions/{change:segment}", suppression_change, methods=["POST"]),
         Route("/templates", templates, methods=["GET"]),
-        Route("/templates/{name}/{channel}/{locale}", template, methods=["GET"]),
-        Route("/templates/{name}/{channel}/{locale}", preview, methods=["POST"]),
+        Route(
+            "/templates/{name:segment}/{channel:segment}/{locale:segment}",
+            template,
+            methods=["GET"],
+        ),
+        Route(
+            "/templates/{name:segment}/{channel:segment}/{locale:segment}",
+            preview,
+            methods=["POST"],
+        ),
     ]

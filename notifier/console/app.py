@@ -1,7 +1,10 @@
 """The console's web application: Starlette, served by uvicorn, pages rendered by Jinja2.
 
-Every page needs a login; every POST needs the session's CSRF token (and, when the browser
-sends an ``Origin``, the console's own); actions need the ``admin`` role. Responses forbid
+Every request must name one of the console's hosts (``gate``), or gets 400 before anything
+else; every page needs a login; every POST needs the session's CSRF token (and, when the
+browser sends an ``Origin``, the console's own: scheme, host and port); actions need the
+``admin`` role. Paths built from a name or a value are percent-encoded, one segment each
+(the ``segment`` filter in templates, the ``segment`` convertor in routes). Responses forbid
 framing, inline scripts and caching (a Content-Security-Policy of ``'self'`` only: row text
 that slipped past escaping still could not run). The access log written here names the
 method, the path without its query string, the status and the time taken; uvicorn's own, which
@@ -15,15 +18,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, unquote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy import Engine
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notifier.console.auth import Session, Sessions, csrf_ok
+from notifier.console.gate import WRONG_HOST, Gate, route_path
+from notifier.console.limits import Attempts
 from notifier.logs import mask_recipient
 from notifier.specs import Role, User
 
@@ -48,6 +54,27 @@ HEADERS = [
 ]
 
 
+def segment(value: object) -> str:
+    """``value`` as one path segment: ``/``, ``.``-free of meaning, nothing left unescaped."""
+    return quote(str(value), safe="")
+
+
+class Segment(Convertor[str]):
+    """A route's ``{name:segment}``: one segment, decoded (``gate.route_path`` kept it
+    encoded)."""
+
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return unquote(value)
+
+    def to_string(self, value: str) -> str:
+        return segment(value)
+
+
+register_url_convertor("segment", Segment())
+
+
 @dataclass
 class Console:
     """What every request handler needs."""
@@ -56,6 +83,8 @@ class Console:
     users: dict[str, User]
     sessions: Sessions
     secure_cookie: bool
+    gate: Gate
+    attempts: Attempts
     flower_url: str = ""
     env: Environment = field(init=False)
     #: the overview's counts by status and channel, and when they were read (a full count of
@@ -68,6 +97,7 @@ class Console:
             autoescape=select_autoescape(default=True, default_for_string=True),
         )
         self.env.filters["mask"] = mask_recipient
+        self.env.filters["segment"] = segment
 
 
 def console(request: Request) -> Console:
@@ -118,10 +148,10 @@ def page(handler: Handler) -> Handler:
 
 
 def _same_origin(request: Request) -> bool:
-    origin = request.headers.get("origin")
-    if origin is None:  # an older browser, or a script: the token alone decides
-        return True
-    return urlsplit(origin).netloc == request.headers.get("host", "")
+    origins = request.headers.getlist("origin")
+    if len(origins) > 1:
+        return False
+    return console(request).gate.origin_ok(origins[0] if origins else None, request.url.scheme)
 
 
 FormHandler = Callable[[Request, dict[str, str]], Awaitable[Response]]
@@ -154,11 +184,18 @@ def refuse(request: Request, why: str, status_code: int) -> HTMLResponse:
     return render(request, "refused.html", status_code=status_code, why=why)
 
 
-class Guard:
-    """ASGI middleware: security headers on every response, and the access log."""
+def client(request: Request) -> str:
+    """The client's address, as the gate determined it."""
+    return request.client.host if request.client else "unknown"
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class Guard:
+    """ASGI middleware: the gate (the client, the scheme, the host, the path the routes see),
+    security headers on every response, and the access log."""
+
+    def __init__(self, app: ASGIApp, gate: Gate) -> None:
         self.app = app
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -166,6 +203,10 @@ class Guard:
             return
         started = time.monotonic()
         status = 500
+        peer = scope.get("client") or ("unknown", 0)
+        address, scheme = self.gate.front(str(peer[0]), scope["headers"])
+        raw = scope.get("raw_path") or scope["path"].encode()
+        scope = {**scope, "client": (address, 0), "scheme": scheme, "path": route_path(raw)}
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
@@ -175,7 +216,11 @@ class Guard:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_headers)
+            if self.gate.host_ok(scope["headers"], scheme):
+                await self.app(scope, receive, send_with_headers)
+            else:  # before anything else: no session, no form, no route
+                refused = Response(WRONG_HOST, 400, media_type="text/plain")
+                await refused(scope, receive, send_with_headers)
         finally:
             log.info(
                 "console %s %s %d %.0fms",

@@ -34,21 +34,33 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
+def _maxmem(n: int, r: int) -> int:
+    """What scrypt needs: OpenSSL's default limit (32 MiB) refuses n=2**15 and above."""
+    return 256 * n * r + 2**20
+
+
 def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
     """A new hash of ``password`` with a fresh salt, for ``NOTIFIER_CONSOLE_USERS``."""
     if not password:
         raise ValueError("a password cannot be empty")
     salt = secrets.token_bytes(SALT_BYTES)
-    key = hashlib.scrypt(password.encode(), salt=salt, n=n, r=SCRYPT_R, p=SCRYPT_P, dklen=KEY_BYTES)
+    key = hashlib.scrypt(
+        password.encode(),
+        salt=salt,
+        n=n,
+        r=SCRYPT_R,
+        p=SCRYPT_P,
+        dklen=KEY_BYTES,
+        maxmem=_maxmem(n, SCRYPT_R),
+    )
     return f"scrypt.{n}.{SCRYPT_R}.{SCRYPT_P}.{_b64(salt)}.{_b64(key)}"
 
 
 def verify_password(password: str, encoded: str) -> bool:
     """Whether ``password`` matches ``encoded``, compared in constant time."""
     n, r, p, salt, key = parse_hash(encoded)
-    # maxmem: OpenSSL's default (32 MiB) refuses n=2**15 and above.
     got = hashlib.scrypt(
-        password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(key), maxmem=256 * n * r + 2**20
+        password.encode(), salt=salt, n=n, r=r, p=p, dklen=len(key), maxmem=_maxmem(n, r)
     )
     return hmac.compare_digest(got, key)
 

@@ -23,7 +23,8 @@ from notifier.cli.output import Text
     help="Serve the operators' web console on NOTIFIER_CONSOLE_HOST:NOTIFIER_CONSOLE_PORT"
     " (127.0.0.1:8090). It refuses to start without NOTIFIER_CONSOLE_USERS"
     " (name:HASH:role,...; roles admin and viewer). Keep it on loopback and reach it through"
-    " an SSH tunnel or a TLS-terminating proxy.\n\n"
+    " an SSH tunnel or a TLS-terminating proxy. It answers only for the hosts in"
+    " NOTIFIER_CONSOLE_HOSTS (default: 127.0.0.1, localhost and [::1] on its port).\n\n"
     "'hash-password' reads a password (twice from a terminal, or one line of stdin) and prints"
     " the hash to put in NOTIFIER_CONSOLE_USERS.\n\n"
     "\b\nExamples:\n"
@@ -71,26 +72,35 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     import uvicorn
 
     from notifier import db
+    from notifier.console.gate import Gate
     from notifier.console.site import create_app
     from notifier.settings import get_settings
     from notifier.specs import parse_users
 
     settings = get_settings()
+    port = port or settings.console_port
+    scheme, proxies = settings.console_scheme, settings.console_trusted_proxies
+    if settings.console_hosts:
+        gate = Gate(tuple(settings.console_hosts), scheme, tuple(proxies))
+    else:
+        gate = Gate.loopback(port, scheme, proxies)
     app = create_app(
         db.make_engine(settings.database_url),
         parse_users(settings.console_users),
         secure_cookie=settings.console_secure_cookie,
         session_seconds=settings.console_session_minutes * 60,
         flower_url=settings.console_flower_url,
+        gate=gate,
     )
     uvicorn.run(
         app,
         host=host or settings.console_host,
-        port=port or settings.console_port,
+        port=port,
         # Its access log prints query strings; the console writes its own without them.
         access_log=False,
         log_config=None,
         server_header=False,
-        proxy_headers=True,
+        # The gate reads X-Forwarded-* itself, from NOTIFIER_CONSOLE_TRUSTED_PROXIES only.
+        proxy_headers=False,
     )
     return 0

@@ -20,6 +20,7 @@ from notifier.console import filters
 from notifier.console.app import (
     COOKIE,
     LOGIN_COOKIE,
+    client,
     console,
     form,
     page,
@@ -28,6 +29,7 @@ from notifier.console.app import (
     session,
 )
 from notifier.console.auth import authenticate
+from notifier.console.limits import retry_after
 from notifier.db import console as queries
 
 log = logging.getLogger("notifier.console")
@@ -67,16 +69,37 @@ async def login(request: Request) -> Response:
         return await login_page(request, "The login form expired; try again.", 403)
     c = console(request)
     name = values.get("user", "")[:200]
+    who = client(request)
+    wait = c.attempts.begin(name, who)
+    if wait:  # refused before the password is looked at: a refused guess costs no scrypt
+        seconds = retry_after(wait)
+        response = await login_page(
+            request, f"Too many failed logins: try again in {seconds} s.", 429
+        )
+        response.headers["retry-after"] = str(seconds)
+        return response
     user = await asyncio.to_thread(authenticate, c.users, name, values.get("password", ""))
     if user is None:
-        log.warning("console login failed", extra={"event": "console_login_failed"})
+        log.warning(
+            "console login failed for user %s from %s",
+            _printable(name),
+            who,
+            extra={"event": "console_login_failed", "client": who},
+        )
         return await login_page(request, "Wrong user name or password.", 401)
+    c.attempts.succeeded(name, who)
     token, _ = c.sessions.start(user)
     log.info("console %s logged in (%s)", user.name, user.role)
     response = RedirectResponse("/", status_code=303)
     _cookie(request, response, COOKIE, token, max_age=int(c.sessions.lifetime))
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
+
+
+def _printable(text: str) -> str:
+    """``text`` for a log line: newlines, controls and backslashes escaped, so that a user name
+    cannot write a line of its own."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def _cookie(request: Request, response: Response, name: str, value: str, max_age: int) -> None:
@@ -314,6 +337,6 @@ def routes() -> list[Route]:
         Route("/live.json", live),
         Route("/notifications", notifications, methods=["GET"]),
         Route("/notifications", search, methods=["POST"]),
-        Route("/notifications/{id}", notification, methods=["GET"]),
-        Route("/notifications/{id}/reveal", reveal, methods=["POST"]),
+        Route("/notifications/{id:segment}", notification, methods=["GET"]),
+        Route("/notifications/{id:segment}/reveal", reveal, methods=["POST"]),
     ]

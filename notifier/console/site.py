@@ -6,6 +6,8 @@ against and nothing imports them back.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -16,6 +18,8 @@ from starlette.staticfiles import StaticFiles
 from notifier.console import actions, pages
 from notifier.console.app import Console, Guard
 from notifier.console.auth import Sessions
+from notifier.console.gate import Gate
+from notifier.console.limits import Attempts
 from notifier.specs import User
 
 
@@ -26,8 +30,13 @@ def create_app(
     secure_cookie: bool = True,
     session_seconds: float = 8 * 3600,
     flower_url: str = "",
+    gate: Gate | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Starlette:
-    """The console for ``users`` over ``engine``; refuses to exist without users."""
+    """The console for ``users`` over ``engine``; refuses to exist without users.
+
+    ``gate`` says which hosts it answers for (by default loopback on port 8090), ``clock``
+    times the limits on password guesses."""
     if not users:
         raise ValueError(
             "the console has no users: set NOTIFIER_CONSOLE_USERS (hashes from"
@@ -38,7 +47,18 @@ def create_app(
         *actions.routes(),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
     ]
+    gate = gate or Gate.loopback(8090)
     app = Starlette(routes=routes)
-    app.state.console = Console(engine, users, Sessions(session_seconds), secure_cookie, flower_url)
-    app.add_middleware(Guard)
+    # A redirect to the path with(out) a trailing slash would name the request's host.
+    app.router.redirect_slashes = False
+    app.state.console = Console(
+        engine,
+        users,
+        Sessions(session_seconds),
+        secure_cookie,
+        gate,
+        Attempts(users, clock=clock),
+        flower_url,
+    )
+    app.add_middleware(Guard, gate=gate)
     return app

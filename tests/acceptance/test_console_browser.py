@@ -11,6 +11,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy import Engine, text
@@ -158,3 +159,34 @@ def test_a_viewer_is_offered_no_action(browser: object, console: Console, engine
     assert page.locator("text=Requeue…").count() == 0
     page.goto(f"http://localhost:{console.port}/campaigns")
     assert page.locator("text=Pause…").count() == 0
+
+
+def test_a_campaign_named_like_a_path_acts_on_that_campaign(
+    browser: object, console: Console, engine: Engine
+) -> None:
+    ids = seed(engine)
+    name = f"y/../../notifications/{ids['pending']}"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO campaigns (name, channel, subject, status, launched_at)"
+                " VALUES (:name, 'null', 'Tricky', 'running', now())"
+            ),
+            {"name": name},
+        )
+    page = log_in(browser, console, "alice")
+    page.goto(f"http://localhost:{console.port}/campaigns")  # type: ignore[attr-defined]
+    row_of = f'tr[data-campaign="{name}"]'
+    page.click(f"{row_of} >> text=Cancel…")  # type: ignore[attr-defined]
+    assert page.locator("h1").inner_text() == f"Cancel campaign {name}?"  # type: ignore[attr-defined]
+    form = page.locator("form:has(button:has-text('Yes, cancel it'))")  # type: ignore[attr-defined]
+    action = form.evaluate("f => f.action")  # as the browser resolved it
+    assert action == f"http://localhost:{console.port}/campaigns/{quote(name, safe='')}/cancel"
+    page.click("button:has-text('Yes, cancel it')")  # type: ignore[attr-defined]
+    page.wait_for_selector("text=cancel done")  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        got = conn.execute(
+            text("SELECT status FROM campaigns WHERE name = :name"), {"name": name}
+        ).scalar_one()
+    assert got == "cancelled"
+    assert row(engine, ids["pending"])[0] == "pending"
