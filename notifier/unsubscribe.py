@@ -4,8 +4,9 @@ A token names a channel, a recipient and a category (the message's: ``marketing`
 campaign's own) and says nothing of them to whoever reads it: it is their ChaCha20-Poly1305
 encryption under a key derived from ``NOTIFIER_UNSUBSCRIBE_SECRET`` (HKDF-SHA256), with a
 random nonce, ``base64url(nonce || ciphertext || tag)``. Without the secret no token can be
-made, read or changed into another; the email recipient is sealed as suppressions compare it
-(trimmed, lower case). A message without a category is transactional and carries no token.
+made, read or changed into another. The recipient is sealed as the row has it: the opt-out it
+becomes is stored by the suppression list's one rule (``suppression_recipient``), as the row is
+looked up. A message without a category is transactional and carries no token.
 
 Tokens of the earlier form (``base64url(channel NUL recipient NUL campaign) "." base64url(
 HMAC-SHA256)``) are still in mailboxes and keep working: they came only from campaigns and
@@ -63,10 +64,6 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _normal(channel: str, recipient: str) -> str:
-    return recipient.strip().lower() if channel == "email" else recipient
-
-
 @functools.lru_cache(maxsize=4)
 def _cipher(secret: str) -> ChaCha20Poly1305:
     key = HKDF(hashes.SHA256(), 32, salt=None, info=_CONTEXT + b"token key").derive(secret.encode())
@@ -74,7 +71,7 @@ def _cipher(secret: str) -> ChaCha20Poly1305:
 
 
 def make_token(secret: str, channel: str, recipient: str, category: str) -> str:
-    payload = "\0".join((channel, _normal(channel, recipient), category)).encode()
+    payload = "\0".join((channel, recipient, category)).encode()
     nonce = os.urandom(_NONCE)
     return _b64(nonce + _cipher(secret).encrypt(nonce, payload, _CONTEXT))
 
