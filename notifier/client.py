@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from notifier.db import producers
+from notifier.specs import parse_category
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +45,16 @@ def enqueue(
     guard: str | None = None,
     template: str | None = None,
     locale: str | None = None,
+    category: str | None = None,
 ) -> Enqueued:
     """Write one notification; with ``key``, a second call with the same key writes nothing.
 
     ``send_at`` (timezone-aware) or ``delay`` makes it a delayed send; a row not sent by
     ``expires_at`` is cancelled instead of sent late. ``guard`` names a send-time check (e.g.
     ``"http"``) that must agree right before the send. ``template`` (with ``locale``) names a
-    stored template to render from ``payload`` instead of ``subject``/``body``.
+    stored template to render from ``payload`` instead of ``subject``/``body``. ``category``
+    says what the message is (``security``, ``billing``, ``marketing``): an opt-out of a
+    category stops only its rows; ``None`` (the default) is transactional.
     """
     if send_at is not None and delay is not None:
         raise ValueError("give send_at or delay, not both")
@@ -66,6 +70,8 @@ def enqueue(
         raise ValueError("expires_at is not after the send time: the row would expire unsent")
     if payload is not None and not isinstance(payload, Mapping):
         raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
+    if category is not None:
+        parse_category(category)
     row_id, created = producers.enqueue_row(
         conn,
         {
@@ -82,6 +88,7 @@ def enqueue(
             "guard": guard,
             "template": template,
             "locale": locale,
+            "category": category,
         },
     )
     return Enqueued(row_id, created)

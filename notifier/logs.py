@@ -196,6 +196,32 @@ class MaskingFormatter(logging.Formatter):
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+#: Paths whose rest is a secret a log must not keep: one-click unsubscribe tokens.
+SECRET_PATHS = ("/u/",)
+
+
+class RedactPaths(logging.Filter):
+    """Shows a request path under one of ``SECRET_PATHS`` as that prefix and ``…``, in every
+    argument of a record (uvicorn's access log passes the path, query included, as one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted(a) for a in record.args)
+        return True
+
+
+def _redacted(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    return next((f"{p}…" for p in SECRET_PATHS if value.startswith(p)), value)
+
+
+def redact_access_paths(logger_name: str = "uvicorn.access") -> None:
+    """Redact ``SECRET_PATHS`` in ``logger_name``'s records (once, however often called)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, RedactPaths) for f in logger.filters):
+        logger.addFilter(RedactPaths())
+
 
 def formatter(settings: Settings, current: logging.Formatter | None = None) -> logging.Formatter:
     """The formatter for ``settings.log_format``; text keeps ``current``'s layout."""

@@ -46,7 +46,7 @@ LATENCY_KEY = "notifier:metrics:latency"
 EVENTS_KEY = "notifier:metrics:events"
 #: The events endpoint's routes that count requests, and what became of them.
 EVENT_PROVIDERS = frozenset({"ses", "sendgrid", "mailgun", "postmark", "twilio", "unsubscribe"})
-EVENT_OUTCOMES = frozenset({"refused", "applied", "unmatched", "unchanged"})
+EVENT_OUTCOMES = frozenset({"refused", "applied", "unmatched", "unchanged", "mismatched"})
 #: Upper bounds (seconds) of the send-latency histogram's buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Each bucket's field name, by the index ``bisect_left(BUCKETS, seconds)`` gives.

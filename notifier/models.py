@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PgUUID
 
+from notifier.specs import CATEGORY_PATTERN
+
 #: No channel has a use for a longer recipient: URLs beyond 2048 characters are not reliably
 #: accepted, email addresses stop at 254, phone numbers and device tokens are far shorter.
 MAX_RECIPIENT_LENGTH = 2048
@@ -39,6 +41,8 @@ MAX_RECIPIENT_LENGTH = 2048
 MAX_SUBJECT_LENGTH = 2048
 #: Longest ``guard``, ``template`` or ``locale`` name.
 MAX_NAME_LENGTH = 200
+#: The CHECK of every ``category`` column, mirroring ``CATEGORY_PATTERN``.
+CATEGORY_CHECK = f"category ~ '^{CATEGORY_PATTERN}$'"
 
 
 class Status(StrEnum):
@@ -86,6 +90,9 @@ class Notification:
     #: why the row cannot be sent as written, found while reading it (a payload too deep to
     #: parse, a body over the limit): the row goes to ``dead`` with this reason, unsent
     defect: str | None = None
+    #: what the message is (``marketing``, ``security``); ``None``: transactional. Opt-outs of
+    #: a category stop only its rows (``notifier.delivery.prepare``)
+    category: str | None = None
 
 
 metadata = MetaData()
@@ -130,6 +137,7 @@ notifications = Table(
     Column("delivery_status", Text),
     Column("delivery_at", DateTime(timezone=True)),
     Column("delivery_detail", Text),
+    Column("category", Text),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -154,6 +162,7 @@ notifications = Table(
         "(delivery_status IS NULL) = (delivery_at IS NULL)",
         name="notifications_delivery_has_time",
     ),
+    CheckConstraint(CATEGORY_CHECK, name="notifications_category"),
     Index(
         "notifications_due",
         text("priority DESC"),
@@ -218,6 +227,7 @@ campaigns = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("template", Text),
     Column("locale", Text),
+    Column("category", Text, nullable=False, server_default=text("'marketing'::text")),
     CheckConstraint(
         "status IN ('draft', 'launching', 'running', 'paused', 'cancelled', 'finished')",
         name="campaigns_status",
@@ -229,6 +239,7 @@ campaigns = Table(
     CheckConstraint(
         "locale IS NULL OR template IS NOT NULL", name="campaigns_locale_with_template"
     ),
+    CheckConstraint(CATEGORY_CHECK, name="campaigns_category"),
 )
 
 # Recipient N of a campaign is given code N: positions are dense per campaign, in import order.
@@ -357,10 +368,32 @@ suppressions = Table(
     Column("recipient", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("kind", Text, nullable=False, server_default=text("'opt-out'::text")),
     PrimaryKeyConstraint("channel", "recipient"),
+    CheckConstraint(
+        "kind IN ('opt-out', 'bounce', 'complaint', 'invalid', 'operator')",
+        name="suppressions_kind",
+    ),
     comment=(
         "Recipients never sent to on a channel. Producers may INSERT ... ON CONFLICT DO NOTHING;"
         " notifier adds hard bounces."
+    ),
+)
+
+# Opt-outs of one category (migration 0021); stored by the suppressions' recipient rule.
+category_opt_outs = Table(
+    "category_opt_outs",
+    metadata,
+    Column("channel", Text, nullable=False),
+    Column("recipient", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    PrimaryKeyConstraint("channel", "recipient", "category"),
+    CheckConstraint(CATEGORY_CHECK, name="category_opt_outs_category"),
+    comment=(
+        "Recipients not sent rows of one category on a channel (one-click unsubscribes)."
+        " Producers may INSERT ... ON CONFLICT DO NOTHING."
     ),
 )
 

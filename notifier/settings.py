@@ -280,7 +280,9 @@ class Settings(BaseSettings):
     """How old a signed timestamp (SendGrid, Mailgun) may be before its request is refused."""
 
     unsubscribe_secret: str | None = None
-    """Signs one-click unsubscribe tokens (HMAC-SHA256); without it emails carry no link."""
+    """Seals one-click unsubscribe tokens (ChaCha20-Poly1305 under a key derived from it), and
+    reads those signed before (HMAC-SHA256); without it emails carry no link. Changing it
+    voids every link already sent."""
 
     unsubscribe_mailto: str | None = None
     """An address for ``mailto:`` unsubscribes, offered beside the link when set."""

@@ -1,6 +1,6 @@
 """The small grammars of notifier's settings, each parsed by one function that names what it
-expects when it refuses: failover chains, recipient overrides, rate windows, locales, and the
-console's users and host names.
+expects when it refuses: failover chains, recipient overrides, rate windows, locales,
+categories, and the console's users and host names.
 
 Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
 """
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 _LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
+#: A row's or campaign's category, as the ``*_category`` CHECK constraints have it.
+CATEGORY_PATTERN = r"[a-z0-9_.-]{1,64}"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _WINDOW = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*(?::\s*(\d+))?\s*$")
 
@@ -46,6 +48,17 @@ def parse_overrides(text: str) -> dict[str, str]:
             raise ValueError(f"channel {channel!r} is overridden twice")
         overrides[channel] = recipient
     return overrides
+
+
+def parse_category(text: str) -> str:
+    """A category as given (``marketing``, ``billing.invoices``), or a ``ValueError`` saying
+    what one looks like; ``None`` is for transactional rows and is never parsed."""
+    if not re.fullmatch(CATEGORY_PATTERN, text):
+        raise ValueError(
+            f"category {text[:80]!r} is not a category like marketing or security: use 1 to 64"
+            " of a-z, 0-9, '_', '.', '-' (or no category for transactional messages)"
+        )
+    return text
 
 
 def normalize_locale(text: str) -> str:

@@ -45,6 +45,7 @@ PRODUCER_COLUMNS = {
     "guard": "guard",
     "template": "template",
     "locale": "locale",
+    "category": "category",
 }
 
 #: What a row holds when a test does not say: a row for the null provider, due now.

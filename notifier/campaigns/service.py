@@ -43,7 +43,7 @@ from notifier.db import campaigns as campaigns_db
 from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
 from notifier.models import CampaignStatus
-from notifier.specs import normalize_locale
+from notifier.specs import normalize_locale, parse_category
 
 #: Recipients written per fan-out statement (and per transaction).
 CHUNK = 50_000
@@ -109,13 +109,19 @@ class Campaigns:
         payload: Mapping[str, Any] | None = None,
         priority: int = -10,
         max_attempts: int = 5,
+        category: str = "marketing",
     ) -> int:
         """A draft campaign; its message is ``subject`` and ``body`` with ``{placeholders}``, or
         the stored ``template`` (in ``locale``, else ``NOTIFIER_DEFAULT_LOCALE``), which must
-        exist for ``channel`` already."""
+        exist for ``channel`` already. Its rows are of ``category``: a one-click unsubscribe
+        from one of them opts out of that category only."""
         render_sql(subject, body)  # refuse a bad template now, not at launch
         if max_attempts < 1:
             raise CampaignError("max_attempts must be at least 1")
+        try:
+            parse_category(category)
+        except ValueError as exc:
+            raise CampaignError(str(exc)) from None
         if template is not None and (subject is not None or body is not None):
             raise CampaignError(
                 "a campaign takes a stored template or a subject and body, not both"
@@ -144,6 +150,7 @@ class Campaigns:
                     "payload": json.dumps(dict(payload or {})),
                     "priority": priority,
                     "max_attempts": max_attempts,
+                    "category": category,
                 },
             )
 

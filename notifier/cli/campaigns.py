@@ -91,6 +91,14 @@ def _campaigns() -> Campaigns:
     metavar="N",
     help="Attempts per row before it is given up as dead.",
 )
+@click.option(
+    "--category",
+    default="marketing",
+    show_default=True,
+    metavar="NAME",
+    help="What the campaign's messages are: a one-click unsubscribe opts out of this category"
+    " only, e.g. marketing or newsletter.",
+)
 @output.json_option
 def create(
     name: str,
@@ -102,6 +110,7 @@ def create(
     payload: dict[str, Any],
     priority: int,
     max_attempts: int,
+    category: str,
 ) -> int:
     campaign_id = _campaigns().create(
         name,
@@ -113,6 +122,7 @@ def create(
         payload=payload,
         priority=priority,
         max_attempts=max_attempts,
+        category=category,
     )
     output.emit(
         {"name": name, "id": campaign_id},

@@ -265,7 +265,8 @@ def suppress_add(recipient: str, channel: str, reason: str) -> int:
 @suppress.command(
     "rm",
     short_help="Send to this recipient again.",
-    help="Send to RECIPIENT on this channel again. Exit status 1 if it was not suppressed.",
+    help="Send to RECIPIENT on this channel again: removes its entry, of any kind, and its"
+    " opt-outs of categories. Exit status 1 if it was not suppressed.",
 )
 @click.argument("recipient")
 @click.option(
@@ -307,14 +308,15 @@ def suppress_list(channel: str | None, limit: int) -> int:
                 "since": s.created_at,
                 "channel": s.channel,
                 "recipient": s.recipient,
+                "kind": s.kind,
                 "reason": s.reason,
             }
             for s in rows
         ],
         Table(
-            ["SINCE", "CHANNEL", "RECIPIENT", "REASON"],
+            ["SINCE", "CHANNEL", "RECIPIENT", "KIND", "REASON"],
             [
-                (f"{s.created_at:%Y-%m-%d %H:%M:%S%z}", s.channel, s.recipient, s.reason)
+                (f"{s.created_at:%Y-%m-%d %H:%M:%S%z}", s.channel, s.recipient, s.kind, s.reason)
                 for s in rows
             ],
         ),

@@ -19,7 +19,7 @@ import redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from notifier import client, db, health, metrics
+from notifier import client, db, health, logs, metrics
 from notifier.cli import campaigns as campaign_cli
 from notifier.cli import content as content_cli
 from notifier.cli import ops as ops_cli
@@ -218,6 +218,12 @@ def migrate_command(down_to: str | None) -> int:
     metavar="LOCALE",
     help="The template's locale, e.g. de-AT.  [default: NOTIFIER_DEFAULT_LOCALE]",
 )
+@click.option(
+    "--category",
+    metavar="NAME",
+    help="What the message is, e.g. marketing or security: an opt-out of a category stops"
+    " only its rows.  [default: none, transactional]",
+)
 @output.json_option
 def send(
     channel: str,
@@ -361,9 +367,18 @@ def events(port: int | None, host: str) -> int:
         settings.redis_url, socket_timeout=5, socket_connect_timeout=5
     )
     app = create_app(settings, db.engine(), redis_client)
+    # uvicorn's loggers go through notifier's handler (NOTIFIER_LOG_FORMAT, masking), and its
+    # access log shows /u/ paths without their tokens.
+    logs.redact_access_paths()
     # Behind a TLS-terminating proxy; Twilio's signature uses NOTIFIER_EVENTS_PUBLIC_URL, not
     # the Host header, so no forwarded header is trusted.
-    uvicorn.run(app, host=host, port=port or settings.events_port, proxy_headers=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port or settings.events_port,
+        proxy_headers=False,
+        log_config=None,
+    )
     return 0
 
 

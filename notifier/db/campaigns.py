@@ -32,16 +32,17 @@ from sqlalchemy import Connection, text
 CREATE = text(
     """
     INSERT INTO campaigns
-           (name, channel, subject, body, template, locale, payload, priority, max_attempts)
+           (name, channel, subject, body, template, locale, payload, priority, max_attempts,
+            category)
     VALUES (:name, :channel, :subject, :body, :template, :locale, CAST(:payload AS jsonb),
-            :priority, :max_attempts)
+            :priority, :max_attempts, :category)
     RETURNING id
     """
 )
 
 BY_NAME = text(
     "SELECT id, name, channel, subject, body, payload, status, priority, max_attempts,"
-    " template, locale FROM campaigns WHERE name = :name"
+    " template, locale, category FROM campaigns WHERE name = :name"
 )
 
 SET_STATUS = text(
@@ -96,13 +97,13 @@ LAST_POSITION = text(
 FAN_OUT = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id,
-            next_attempt_at, template, locale)
+            next_attempt_at, template, locale, category)
     SELECT :channel, r.recipient, {subject}, {body},
            {payload} || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
                              ELSE jsonb_build_object('code', k.code) END,
            :priority, :max_attempts, :id,
            CASE WHEN :parked THEN 'infinity'::timestamptz ELSE CAST(:due AS timestamptz) END,
-           CAST(:template AS text), CAST(:locale AS text)
+           CAST(:template AS text), CAST(:locale AS text), CAST(:category AS text)
       FROM campaign_recipients r
       LEFT JOIN campaign_codes k
              ON k.campaign_id = :id AND k.position = r.position
@@ -230,6 +231,8 @@ class CampaignRow:
     #: a stored template each row names instead of a subject and body, and its locale
     template: str | None = None
     locale: str | None = None
+    #: every row's category: what its opt-outs are of
+    category: str = "marketing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +335,7 @@ def fan_out(
         "name": campaign.name,
         "template": campaign.template,
         "locale": campaign.locale,
+        "category": campaign.category,
         "channel": campaign.channel,
         "payload": payload_json,
         "priority": campaign.priority,

@@ -8,6 +8,10 @@ Suppression entries are stored and looked up by one rule, the database function
 ``suppression_recipient(channel, recipient)`` (migration 0009): an email address trimmed and in
 lower case, any other recipient as written. A trigger applies it to every entry written,
 producers' own INSERTs included, and every lookup here applies it to the address it looks for.
+
+What an entry covers (migration 0021): an entry of ``suppressions`` every row of its channel and
+recipient, but a ``complaint`` only rows with a category (a complaint about a newsletter does
+not stop a password reset); an entry of ``category_opt_outs`` the rows of its category.
 """
 
 from __future__ import annotations
@@ -19,31 +23,42 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
-# The batch's recipients travel as one JSON object, {channel: [recipient, ...]}: psycopg adapts
-# a text[] an element at a time in Python (milliseconds for a batch of 500), json.dumps in C.
-# A channel with no entry at all costs one index probe (min() reads the primary key's first
-# entry), not one per recipient: a batch of such rows is all but free. Otherwise one primary-key
-# probe per recipient; the LIMIT keeps the planner from flattening the last subquery into a join
-# it might hash, whatever it guesses about the JSON's size.
+# The batch's rows travel as one JSON object, {channel: [[recipient, category], ...]}: psycopg
+# adapts a text[] an element at a time in Python (milliseconds for a batch of 500), json.dumps
+# in C. A channel with no entry in either table costs two index probes (min() reads a primary
+# key's first entry), not one per row: a batch of such rows is all but free. Otherwise one
+# primary-key probe per row in suppressions and, if that finds nothing, one in
+# category_opt_outs; the LIMIT keeps the planner from flattening the last subquery into a join
+# it might hash, whatever it guesses about the JSON's size, and stops at the first probe that
+# finds an entry.
 SUPPRESSED = text(
     """
-    SELECT c.key, r.recipient, s.reason
-      FROM jsonb_each(CAST(:recipients AS jsonb)) AS c
-     CROSS JOIN LATERAL (SELECT e AS recipient FROM jsonb_array_elements_text(c.value) AS e
+    SELECT c.key, r.recipient, r.category, s.reason
+      FROM jsonb_each(CAST(:rows AS jsonb)) AS c
+     CROSS JOIN LATERAL (SELECT e ->> 0 AS recipient, e ->> 1 AS category
+                           FROM jsonb_array_elements(c.value) AS e
                           WHERE (SELECT min(recipient) FROM suppressions
+                                  WHERE channel = c.key) IS NOT NULL
+                             OR (SELECT min(recipient) FROM category_opt_outs
                                   WHERE channel = c.key) IS NOT NULL) AS r
-     CROSS JOIN LATERAL (SELECT reason FROM suppressions
-                          WHERE channel = c.key
-                            AND recipient = suppression_recipient(c.key, r.recipient)
-                          LIMIT 1) AS s
+     CROSS JOIN LATERAL ((SELECT reason FROM suppressions
+                           WHERE channel = c.key
+                             AND recipient = suppression_recipient(c.key, r.recipient)
+                             AND (kind <> 'complaint' OR r.category IS NOT NULL))
+                         UNION ALL
+                         (SELECT reason FROM category_opt_outs
+                           WHERE channel = c.key
+                             AND recipient = suppression_recipient(c.key, r.recipient)
+                             AND category = r.category)
+                         LIMIT 1) AS s
     """
 )
 
 SUPPRESS_MANY = text(
     """
-    INSERT INTO suppressions (channel, recipient, reason)
+    INSERT INTO suppressions (channel, recipient, reason, kind)
     SELECT * FROM unnest(CAST(:channels AS text[]), CAST(:recipients AS text[]),
-                         CAST(:reasons AS text[]))
+                         CAST(:reasons AS text[]), CAST(:kinds AS text[]))
     ON CONFLICT (channel, recipient) DO NOTHING
     """
 )
@@ -81,25 +96,44 @@ DELETE_TEMPLATE = text(
     "DELETE FROM templates WHERE name = :name AND channel = :channel AND locale = :locale"
 )
 
-# The entry as stored, new or not (the no-op update keeps the first reason and time); xmax is
-# 0 for a row this statement inserted.
+# The entry as stored, new or not (the no-op update keeps the first reason, kind and time);
+# xmax is 0 for a row this statement inserted.
 SUPPRESS_ONE = text(
     """
-    INSERT INTO suppressions (channel, recipient, reason) VALUES (:channel, :recipient, :reason)
+    INSERT INTO suppressions (channel, recipient, reason, kind)
+    VALUES (:channel, :recipient, :reason, 'operator')
     ON CONFLICT (channel, recipient) DO UPDATE SET reason = suppressions.reason
-    RETURNING channel, recipient, reason, created_at, xmax = 0
+    RETURNING channel, recipient, reason, created_at, kind, xmax = 0
     """
 )
 
+# Every entry of the recipient, whatever its kind or category: send to it again.
 UNSUPPRESS = text(
-    "DELETE FROM suppressions"
-    " WHERE channel = :channel AND recipient = suppression_recipient(:channel, :recipient)"
+    """
+    WITH everything AS (
+        DELETE FROM suppressions
+         WHERE channel = :channel AND recipient = suppression_recipient(:channel, :recipient)
+        RETURNING 1),
+    scoped AS (
+        DELETE FROM category_opt_outs
+         WHERE channel = :channel AND recipient = suppression_recipient(:channel, :recipient)
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM everything) + (SELECT count(*) FROM scoped)
+    """
 )
 
+# Scoped opt-outs are listed with their category in the kind: ``opt-out:marketing``.
 LIST_SUPPRESSIONS = text(
-    "SELECT channel, recipient, reason, created_at FROM suppressions"
-    " WHERE CAST(:channel AS text) IS NULL OR channel = :channel"
-    " ORDER BY created_at DESC, channel, recipient LIMIT :limit"
+    """
+    SELECT channel, recipient, reason, created_at, kind FROM (
+        SELECT channel, recipient, reason, created_at, kind FROM suppressions
+         WHERE CAST(:channel AS text) IS NULL OR channel = :channel
+        UNION ALL
+        SELECT channel, recipient, reason, created_at, 'opt-out:' || category
+          FROM category_opt_outs
+         WHERE CAST(:channel AS text) IS NULL OR channel = :channel) AS e
+     ORDER BY created_at DESC, channel, recipient, kind LIMIT :limit
+    """
 )
 
 
@@ -120,32 +154,39 @@ class Suppression:
     recipient: str
     reason: str
     created_at: datetime
+    #: ``opt-out``, ``bounce``, ``complaint``, ``invalid``, ``operator``; ``opt-out:CATEGORY``
+    #: for an opt-out of one category
+    kind: str = "opt-out"
+
+
+#: What a row is to the suppression list: (channel, recipient, category).
+Addressee = tuple[str, str, str | None]
 
 
 # --- what the dispatcher uses, a batch at a time -------------------------------------------------
 
 
-def suppressed(conn: Connection, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Of these (channel, recipient) pairs, the suppressed ones, with their reasons."""
-    by_channel: dict[str, dict[str, None]] = {}
-    for channel, recipient in pairs:
-        by_channel.setdefault(channel, {})[recipient] = None
+def suppressed(conn: Connection, rows: Iterable[Addressee]) -> dict[Addressee, str]:
+    """Of these (channel, recipient, category) rows, the suppressed ones, with the reasons."""
+    by_channel: dict[str, dict[tuple[str, str | None], None]] = {}
+    for channel, recipient, category in rows:
+        by_channel.setdefault(channel, {})[recipient, category] = None
     if not by_channel:
         return {}
-    recipients = json.dumps({channel: list(rs) for channel, rs in by_channel.items()})
-    rows = conn.execute(SUPPRESSED, {"recipients": recipients}).all()
-    return {(channel, recipient): reason for channel, recipient, reason in rows}
+    batch = json.dumps({channel: list(rs) for channel, rs in by_channel.items()})
+    found = conn.execute(SUPPRESSED, {"rows": batch}).all()
+    return {
+        (channel, recipient, category): reason for channel, recipient, category, reason in found
+    }
 
 
-def suppress_many(conn: Connection, entries: Iterable[tuple[str, str, str]]) -> int:
-    """Add (channel, recipient, reason) entries; those already there keep their first reason.
-
-    Returns how many were new.
-    """
-    channels, recipients, reasons = _columns(entries, 3)
+def suppress_many(conn: Connection, entries: Iterable[tuple[str, str, str, str]]) -> int:
+    """Add (channel, recipient, reason, kind) entries; those already there keep their first
+    reason and kind. Returns how many were new."""
+    channels, recipients, reasons, kinds = _columns(entries, 4)
     if not channels:
         return 0
-    params = {"channels": channels, "recipients": recipients, "reasons": reasons}
+    params = {"channels": channels, "recipients": recipients, "reasons": reasons, "kinds": kinds}
     return int(conn.execute(SUPPRESS_MANY, params).rowcount)
 
 
@@ -207,8 +248,9 @@ def suppress(
 
 
 def unsuppress(conn: Connection, channel: str, recipient: str) -> bool:
+    """Remove every entry of the recipient, of any kind and category; whether there was one."""
     params = {"channel": channel, "recipient": recipient}
-    return int(conn.execute(UNSUPPRESS, params).rowcount) > 0
+    return int(conn.execute(UNSUPPRESS, params).scalar_one()) > 0
 
 
 def list_suppressions(conn: Connection, channel: str | None, limit: int) -> list[Suppression]:

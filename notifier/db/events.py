@@ -3,6 +3,10 @@
 Applying a report takes the row's lock first (``lock_by_id`` / ``lock_by_message_id``), so two
 copies of one report arriving at once are applied one after the other, and the second finds
 the first's attempt (``append_attempt`` writes nothing) and state (``advance`` changes nothing).
+
+A report applies to its own row only: the lock reads whether the recipient the report names is
+the row's, by the suppression list's rule (``suppression_recipient``), so a report about one
+message cannot be made to speak for another address.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
-_ROW = "SELECT id, channel, recipient, attempts FROM notifications"
+_ROW = (
+    "SELECT id, channel, recipient, attempts, category,"
+    " CAST(:named AS text) IS NULL OR suppression_recipient(channel, recipient)"
+    "   = suppression_recipient(channel, CAST(:named AS text))"
+    " FROM notifications"
+)
 
 LOCK_BY_ID = text(f"{_ROW} WHERE id = :id AND channel = :channel FOR UPDATE")
 
@@ -53,11 +62,18 @@ ADVANCE = text(
     """
 )
 
-# Through the table's trigger, which stores the address as suppression_recipient() has it; an
-# entry already there keeps its first reason.
+# Through the tables' triggers, which store the address as suppression_recipient() has it; an
+# entry already there keeps its first reason (and kind).
 SUPPRESS = text(
-    "INSERT INTO suppressions (channel, recipient, reason) VALUES (:channel, :recipient, :reason)"
+    "INSERT INTO suppressions (channel, recipient, reason, kind)"
+    " VALUES (:channel, :recipient, :reason, :kind)"
     " ON CONFLICT (channel, recipient) DO NOTHING"
+)
+
+OPT_OUT = text(
+    "INSERT INTO category_opt_outs (channel, recipient, category, reason)"
+    " VALUES (:channel, :recipient, :category, :reason)"
+    " ON CONFLICT (channel, recipient, category) DO NOTHING"
 )
 
 DELIVERY_OF = text(
@@ -71,18 +87,27 @@ class Row:
     channel: str
     recipient: str
     attempts: int
+    category: str | None
+    #: whether the report names this row's recipient (or none at all)
+    named_matches: bool
 
 
 def lock_row(
-    conn: Connection, channel: str, notification_id: int | None, message_id: str | None
+    conn: Connection,
+    channel: str,
+    notification_id: int | None,
+    message_id: str | None,
+    named: str | None = None,
 ) -> Row | None:
-    """The row a report is about, locked until the transaction ends; ``None`` if none is."""
+    """The row a report is about, locked until the transaction ends; ``None`` if none is.
+    ``named`` is the recipient the report names, compared with the row's."""
     if notification_id is not None:
-        found = conn.execute(LOCK_BY_ID, {"id": notification_id, "channel": channel}).first()
+        params = {"id": notification_id, "channel": channel, "named": named}
+        found = conn.execute(LOCK_BY_ID, params).first()
         if found is not None:
             return Row(*found)
     if message_id:
-        params = {"message_id": message_id, "channel": channel}
+        params = {"message_id": message_id, "channel": channel, "named": named}
         found = conn.execute(LOCK_BY_MESSAGE_ID, params).first()
         if found is not None:
             return Row(*found)
@@ -111,10 +136,16 @@ def advance(conn: Connection, row_id: int, status: str, at: datetime, detail: st
     return int(conn.execute(ADVANCE, params).rowcount) > 0
 
 
-def suppress(conn: Connection, channel: str, recipient: str, reason: str) -> bool:
-    """Add a suppression entry; whether it is new."""
-    params = {"channel": channel, "recipient": recipient, "reason": reason}
+def suppress(conn: Connection, channel: str, recipient: str, reason: str, kind: str) -> bool:
+    """Add a suppression entry of ``kind`` (every category); whether it is new."""
+    params = {"channel": channel, "recipient": recipient, "reason": reason, "kind": kind}
     return int(conn.execute(SUPPRESS, params).rowcount) > 0
+
+
+def opt_out(conn: Connection, channel: str, recipient: str, category: str, reason: str) -> bool:
+    """Opt the recipient out of one category; whether that is new."""
+    params = {"channel": channel, "recipient": recipient, "category": category, "reason": reason}
+    return int(conn.execute(OPT_OUT, params).rowcount) > 0
 
 
 def delivery_of(conn: Connection, row_id: int) -> tuple[str | None, datetime | None, str | None]:

@@ -17,10 +17,11 @@ from notifier.db.sql import for_driver
 ENQUEUE = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard, template, locale)
+            next_attempt_at, expires_at, guard, template, locale, category)
     VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
             :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
-            CAST(:expires_at AS timestamptz), :guard, :template, :locale)
+            CAST(:expires_at AS timestamptz), :guard, :template, :locale,
+            CAST(:category AS text))
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
 """
@@ -75,8 +76,8 @@ def _producer_execute(
 ) -> tuple[Any, ...] | None:
     """Run one statement on a SQLAlchemy or a psycopg connection, inside its transaction."""
     if isinstance(conn, Connection):
-        row = conn.execute(text(sql), dict(params)).first()
+        row = conn.execute(text(sql), {"category": None, **params}).first()
         return None if row is None else tuple(row)
     with conn.cursor() as cur:
-        cur.execute(for_driver(sql), dict(params))
+        cur.execute(for_driver(sql), {"category": None, **params})
         return cur.fetchone()

@@ -39,7 +39,7 @@ _RETURNING = """
     CASE WHEN pg_column_size(n.payload) <= :payload_cap THEN n.payload::text END,
     pg_column_size(n.payload), n.attempts, n.max_attempts, n.created_at, n.dedupe_key,
     n.priority, left(n.guard, :name_cap), n.expires_at, left(n.template, :name_cap),
-    left(n.locale, :name_cap), n.deferrals
+    left(n.locale, :name_cap), n.deferrals, n.category
 """
 _CLAIM_LIMITS = {
     "text_cap": MAX_RECIPIENT_LENGTH + 1,
@@ -233,12 +233,12 @@ def claim_due(
     def notification(values: Sequence[Any]) -> Notification:
         (id_, channel, recipient, subject, body, body_bytes, payload, payload_bytes, attempts,
          max_attempts, created_at, dedupe_key, priority, guard, expires_at, template, locale,
-         deferrals) = values  # fmt: skip
+         deferrals, category) = values  # fmt: skip
         decoded, defect = _decode(payload, payload_bytes, body_bytes, limits)
         return Notification(
             id_, channel, recipient, subject, body, decoded, attempts, max_attempts, token,
             created_at, dedupe_key, priority, guard, expires_at, template, locale, deferrals,
-            defect,
+            defect, category,
         )  # fmt: skip
 
     params = claim_parameters(token, worker, lease_seconds, limit, limits)

@@ -2,17 +2,21 @@
 
 ``Content.prepare`` takes a batch after the claim and before the checks and sends:
 
-1. **Suppression.** A row whose (channel, recipient) is in ``suppressions`` is ``cancelled``
-   with ``last_error`` ``suppressed: <the entry's reason>`` and never reaches its provider.
-   Producers add entries with plain SQL::
+1. **Suppression.** A row whose (channel, recipient) is in ``suppressions``, or whose category
+   its recipient opted out of (``category_opt_outs``), is ``cancelled`` with ``last_error``
+   ``suppressed: <the entry's reason>`` and never reaches its provider. An entry of
+   ``suppressions`` covers every row but for a ``complaint``, which spares transactional rows
+   (no category). Producers add entries with plain SQL::
 
        INSERT INTO suppressions (channel, recipient, reason)
        VALUES ('email', 'ann@example.com', 'unsubscribed')
        ON CONFLICT (channel, recipient) DO NOTHING;
 
-   and ``DELETE FROM suppressions WHERE ...`` lifts one. notifier adds one itself when a
-   provider refuses the recipient for good (``Permanent(suppress=True)``: an SMTP ``RCPT TO``
-   answered ``550 5.1.1``), through ``Content.record_suppressions``. Entries are stored and
+   and ``SELECT notifier_lift_opt_out('email', 'ann@example.com')`` lifts an opt-out (never a
+   bounce or complaint). notifier adds one itself when a provider refuses the recipient for
+   good (``Permanent(suppress=True)``: an SMTP ``RCPT TO`` answered ``550 5.1.1``, kind
+   ``bounce``; a push token FCM calls unregistered, kind ``invalid``), through
+   ``Content.record_suppressions``. Entries are stored and
    matched by one rule (``suppression_recipient``, see ``notifier.db.content``): email
    addresses without surrounding whitespace and case-insensitively (``Ann@Example.COM`` is
    ``ann@example.com``), other channels' recipients exactly as written.
@@ -209,7 +213,7 @@ class Content:
             with self.engine.connect() as own:
                 own.execution_options(isolation_level="AUTOCOMMIT")  # reads only: no BEGIN
                 return self.prepare(rows, own)
-        stopped = content_db.suppressed(conn, {(n.channel, n.recipient) for n in rows})
+        stopped = content_db.suppressed(conn, {(n.channel, n.recipient, n.category) for n in rows})
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
         if not stopped and not templated and not self.overrides:
             return rows, {}
@@ -217,7 +221,7 @@ class Content:
         ready: list[Notification] = []
         results: dict[int, Result] = {}
         for n in rows:
-            reason = stopped.get((n.channel, n.recipient))
+            reason = stopped.get((n.channel, n.recipient, n.category))
             if reason is not None:
                 results[n.id] = Cancelled(f"suppressed: {reason}")
                 continue
@@ -244,6 +248,7 @@ class Content:
                 n.channel,
                 self.overrides.get(n.channel, n.recipient),
                 truncate(f"hard bounce ({outcome.error})"),
+                "invalid" if n.channel == "push" else "bounce",
             )
             for n in rows
             if isinstance(outcome := results.get(n.id), Permanent) and outcome.suppress

@@ -7,14 +7,18 @@ Routes (give each provider its URL under ``NOTIFIER_EVENTS_PUBLIC_URL``):
 * ``POST /mailgun`` - Mailgun's webhooks
 * ``POST /postmark`` - Postmark's webhooks, credentials in the URL
 * ``POST /twilio`` - Twilio status callbacks and incoming messages (STOP)
-* ``GET /u/{token}`` - a page with one button; ``POST /u/{token}`` - RFC 8058 one-click
+* ``GET /u/{token}`` - a page with one button; ``POST /u/{token}`` - RFC 8058 one-click: only
+  a body of exactly ``List-Unsubscribe=One-Click``, or the page's own form, opts out; HEAD
+  shows the page, other methods are answered 405
 * ``GET /health`` - ``ok``
 
 A request is verified before anything in it is read for meaning. One that is not (no or wrong
 signature or credentials, a stale timestamp, a replayed token, an unknown SNS topic) is answered
 401 or 403 and applied not at all; each refusal is logged with its reason and counted in Redis
 (``notifier:metrics:events``, field ``provider|outcome``: ``refused``, ``applied``,
-``unmatched``, ``unchanged``), beside the workers' metrics. Verification and database work run
+``unmatched``, ``unchanged``, ``mismatched``: a report naming another recipient than its
+row's), beside the workers' metrics. No access log line shows a token: ``/u/`` paths are
+logged as ``/u/…`` (``notifier.logs.redact_unsubscribe_paths``). Verification and database work run
 in Starlette's thread pool: the database layer is synchronous.
 """
 
@@ -23,7 +27,8 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from email import policy
+from email.parser import BytesParser
 from urllib.parse import parse_qsl
 
 import redis
@@ -45,6 +50,8 @@ log = logging.getLogger(__name__)
 COUNTS_KEY = metrics.EVENTS_KEY
 #: Largest body read: providers batch events, SendGrid up to about a thousand per request.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Largest unsubscribe form read: the one-click form is 26 bytes, multipart a few hundred.
+MAX_FORM_BYTES = 4096
 
 Handler = Callable[[bytes, Request], list[Event]]
 
@@ -71,10 +78,7 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
                 return PlainTextResponse(exc.reason, status_code=exc.status)
             results = await run_in_threadpool(applier.apply_all, events)
             for r in results:
-                outcome = (
-                    "unmatched" if r.row_id is None else "applied" if r.advanced else "unchanged"
-                )
-                count(provider, outcome)
+                count(provider, r.outcome)
             return PlainTextResponse("ok")
 
         return endpoint
@@ -114,21 +118,24 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
         if found is None:
             count("unsubscribe", "refused")
             return HTMLResponse(_page("This unsubscribe link is not valid."), status_code=403)
-        if request.method == "GET":  # a link checker's GET must not unsubscribe anybody
-            button = '<form method="post"><button type="submit">Unsubscribe</button></form>'
-            shown = html.escape(found.recipient)
-            return HTMLResponse(_page(f"Stop these messages to {shown}?{button}"))
-        what = f", {found.category}" if found.category else ""
-        event = Event(
-            provider="unsubscribe",
-            channel=found.channel,
-            at=_now(),
-            recipient=found.recipient,
-            suppress=f"unsubscribed (one-click{what})",
+        what = html.escape(found.category)
+        if request.method != "POST":  # GET, HEAD: a link checker's must not unsubscribe anybody
+            button = (
+                '<form method="post"><input type="hidden" name="confirm" value="unsubscribe">'
+                '<button type="submit">Unsubscribe</button></form>'
+            )
+            return HTMLResponse(_page(f"Stop {what} messages to this address?{button}"))
+        body = await _body(request, MAX_FORM_BYTES)
+        given = None if body is None else _fields(body, request.headers.get("content-type", ""))
+        if given not in UNSUBSCRIBE_FORMS:
+            count("unsubscribe", "refused")
+            return HTMLResponse(_page("Nothing was changed."), status_code=400)
+        reason = f"unsubscribed (one-click, {found.category})"
+        await run_in_threadpool(
+            applier.opt_out, found.channel, found.recipient, found.category, reason
         )
-        await run_in_threadpool(applier.apply, event)
         count("unsubscribe", "applied")
-        return HTMLResponse(_page("You are unsubscribed."))
+        return HTMLResponse(_page(f"You will get no more {what} messages."))
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -145,24 +152,49 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
     return Starlette(routes=routes)
 
 
-async def _body(request: Request) -> bytes | None:
-    """The request's body, or ``None`` past ``MAX_BODY_BYTES`` (read no further)."""
+async def _body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """The request's body, or ``None`` past ``limit`` bytes (read no further)."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
 
 
+#: The bodies that unsubscribe: RFC 8058's one-click POST, and the confirmation page's form.
+UNSUBSCRIBE_FORMS = ({"List-Unsubscribe": "One-Click"}, {"confirm": "unsubscribe"})
+
+
+def _fields(body: bytes, content_type: str) -> dict[str, str] | None:
+    """A form's fields, each once, urlencoded or ``multipart/form-data`` (which RFC 8058
+    recommends); ``None`` for anything else."""
+    pairs: list[tuple[str, str]] = []
+    if content_type.lower().startswith("multipart/form-data"):
+        header = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
+        message = BytesParser(policy=policy.HTTP).parsebytes(header + body)
+        if not message.is_multipart():
+            return None
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            value = part.get_payload(decode=True)
+            if not isinstance(name, str) or not isinstance(value, bytes):
+                return None
+            pairs.append((name, value.decode("utf-8", "replace")))
+    else:
+        try:
+            text = body.decode("ascii")
+            pairs = parse_qsl(text, strict_parsing=True, keep_blank_values=True)
+        except (UnicodeDecodeError, ValueError):
+            return None
+    fields = dict(pairs)
+    return fields if len(fields) == len(pairs) else None
+
+
 def _subscription(settings: Settings, token: str) -> unsubscribe.Subscription | None:
     secret = settings.unsubscribe_secret
     return unsubscribe.read_token(secret, token) if secret else None
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _page(text: str) -> str:

@@ -14,8 +14,9 @@ names it in ``X-Notifier-Id: {id}`` and in the metadata headers the common relay
 their events: ``X-Mailgun-Variables`` (Mailgun's ``user-variables``), ``X-SMTPAPI``
 ``unique_args`` (SendGrid) and ``X-PM-Metadata-notifier-id`` (Postmark); a row's own header of
 one of those names wins over notifier's. Campaign rows and rows whose ``payload.unsubscribe``
-is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.unsubscribe``)
-unless the row sets its own ``List-Unsubscribe``.
+is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.unsubscribe``), an
+opt-out of the row's category, unless the row sets its own ``List-Unsubscribe``; a row without
+a category is transactional and carries none.
 """
 
 from __future__ import annotations
@@ -266,10 +267,9 @@ class EmailProvider(Provider):
             "X-SMTPAPI": json.dumps({"unique_args": {"notifier_id": str(n.id)}}),
             "X-PM-Metadata-notifier-id": str(n.id),
         }
-        campaign = n.payload.get("campaign")
-        if n.payload.get("unsubscribe") is True or campaign is not None:
-            category = campaign if isinstance(campaign, str) else ""
-            found |= unsubscribe.headers(self._settings, n.channel, n.recipient, category)
+        # A transactional row (no category) has nothing to opt out of: no header.
+        if n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None:
+            found |= unsubscribe.headers(self._settings, n.channel, n.recipient, n.category)
         return found
 
     def _trouble(self, exc: BaseException) -> Retry:

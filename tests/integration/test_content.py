@@ -424,7 +424,9 @@ def test_suppress_commands(engine: Engine, capsys: pytest.CaptureFixture[str]) -
 
     status, out = run(capsys, "suppress", "list", "--channel", "email")
     assert status == 0
-    assert [line.split()[-3:] for line in out.splitlines()[1:]] == [["email", ANN, "asked"]]
+    assert [line.split()[-4:] for line in out.splitlines()[1:]] == [
+        ["email", ANN, "operator", "asked"]
+    ]
     assert len(run(capsys, "suppress", "list")[1].splitlines()) == 3
 
     assert run(capsys, "suppress", "rm", "--channel", "email", ANN)[0] == 0

@@ -540,7 +540,7 @@ def test_twilio_callbacks_apply_opt_outs_and_refuse_bad_signatures(
 # --- one-click unsubscribe ----------------------------------------------------------------------
 
 
-def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
+def test_a_campaign_email_unsubscribes_its_recipient_from_marketing_in_one_click(
     endpoint: Endpoint,
     engine: Engine,
     make_rows: MakeRows,
@@ -577,14 +577,9 @@ def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
     page = endpoint.client.get(links["Ann@example.com"])
     assert page.status_code == 200
     assert '<form method="post">' in page.text
-    # Ann's name with the MAC of Bob's token: a valid MAC, for another address.
-    forged_for_ann = (
-        links["Ann@example.com"].rpartition(".")[0]
-        + "."
-        + links["bob@example.com"].rpartition(".")[2]
-    )
-    assert endpoint.client.post(forged_for_ann).status_code == 403
-    assert suppressions(engine) == []  # neither a GET nor a forged token unsubscribes
+    assert endpoint.client.head(links["Ann@example.com"]).status_code == 200
+    assert endpoint.client.post(links["Ann@example.com"]).status_code == 400  # no form
+    assert suppressions(engine) == []  # neither a GET, a HEAD nor an empty POST unsubscribes
 
     one_click = endpoint.client.post(
         links["Ann@example.com"],
@@ -592,25 +587,34 @@ def test_a_campaign_email_unsubscribes_exactly_its_recipient_in_one_click(
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
     assert one_click.status_code == 200
-    assert suppressions(engine) == [
-        ("email", "ann@example.com", "unsubscribed (one-click, spring)")
+    assert suppressions(engine) == []  # not every category: marketing only
+    assert sql(engine, "SELECT channel, recipient, category, reason FROM category_opt_outs") == [
+        ("email", "ann@example.com", "marketing", "unsubscribed (one-click, marketing)")
     ]
 
+    # Ann's password reset (transactional) still reaches her; more marketing does not.
     make_rows(
-        2,
+        3,
         channel="email",
-        recipient=lambda i: ["ann@example.com", "bob@example.com"][i - 1],
-        subject="again",
+        recipient=lambda i: ["ann@example.com", "Ann@example.com", "bob@example.com"][i - 1],
+        subject=lambda i: ["password reset", "again", "again"][i - 1],
+        category=lambda i: [None, "marketing", "marketing"][i - 1],
         body="x",
     )
     dispatch()
     assert sql(
         engine,
-        "SELECT recipient, status, last_error FROM notifications WHERE subject = 'again'"
-        " ORDER BY id",
+        "SELECT recipient, subject, status, last_error FROM notifications"
+        " WHERE campaign_id IS NULL ORDER BY id",
     ) == [
-        ("ann@example.com", "cancelled", "suppressed: unsubscribed (one-click, spring)"),
-        ("bob@example.com", "sent", None),
+        ("ann@example.com", "password reset", "sent", None),
+        (
+            "Ann@example.com",
+            "again",
+            "cancelled",
+            "suppressed: unsubscribed (one-click, marketing)",
+        ),
+        ("bob@example.com", "again", "sent", None),
     ]
 
 
