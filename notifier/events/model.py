@@ -118,8 +118,9 @@ def parse_json(body: bytes | str, what: str, kind: type[T]) -> T:
         raise Refused(400, f"{what} body is not JSON with finite numbers") from None
     if not isinstance(doc, kind):
         raise Refused(400, f"{what} body is not a JSON {'array' if kind is list else 'object'}")
-    if _deeper_than(doc, MAX_DEPTH):
-        raise Refused(400, f"{what} body is nested deeper than {MAX_DEPTH} levels")
+    unfit = _unfit(doc, MAX_DEPTH)
+    if unfit:
+        raise Refused(400, f"{what} body {unfit}")
     return doc
 
 
@@ -173,15 +174,29 @@ def _finite(given: str) -> float:
     return number
 
 
-def _deeper_than(doc: object, limit: int) -> bool:
+def _unfit(doc: object, limit: int) -> str | None:
+    """Why ``doc`` cannot be used: nested deeper than ``limit``, or a string (a key or a
+    value) with a lone surrogate, which JSON's ``\\ud800`` can write but nothing can encode."""
     level: list[object] = [doc]
-    for _ in range(limit):
-        level = [
-            child
-            for value in level
-            if isinstance(value, dict | list)
-            for child in (value.values() if isinstance(value, dict) else value)
-        ]
-        if not level:
-            return False
-    return any(isinstance(value, dict | list) for value in level)
+    for depth in range(limit + 1):
+        deeper: list[object] = []
+        for value in level:
+            if isinstance(value, dict | list) and depth == limit:
+                return f"is nested deeper than {limit} levels"
+            if isinstance(value, dict):
+                deeper.extend(value.keys())
+                deeper.extend(value.values())
+            elif isinstance(value, list):
+                deeper.extend(value)
+            elif isinstance(value, str) and not _encodable(value):
+                return "has a string that is not Unicode text (a lone surrogate)"
+        level = deeper
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
