@@ -1,11 +1,13 @@
 """``notifier events`` as a real process on loopback, with the secrets and servers its tests
 sign with: an SNS signing certificate served over HTTP (fetches counted, optionally slowed),
-a SendGrid ECDSA key, and each provider's shared secret.
+a SendGrid ECDSA key, and each provider's shared secret; and what signs requests with them.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -34,6 +37,8 @@ POSTMARK_AUTH = "postmark:s3cret"
 TWILIO_TOKEN = "twilio-auth-token-test"
 PUBLIC = "https://events.example.test"
 SECRET = "unsubscribe-secret-test"
+#: JSON nested 10,000 deep: deeper than any parser's recursion.
+DEEP = b"[" * 10_000 + b"]" * 10_000
 
 
 class CertServer(ThreadingHTTPServer):
@@ -163,3 +168,32 @@ def running_endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Itera
         ep.client.close()
         certs.shutdown()
         certs.server_close()
+
+
+def redis_keys(redis_url: str) -> list[bytes]:
+    """Every key but the endpoint's refusal counter: what a refused request must not write."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sorted(k for k in client.keys("*") if k != b"notifier:metrics:events")
+    finally:
+        client.close()
+
+
+def signed_sendgrid(ep: Endpoint, body: bytes, stamp: str | None = None) -> dict[str, bytes]:
+    """SendGrid's headers for ``body``; the timestamp as UTF-8, whatever characters it has."""
+    ts = (stamp if stamp is not None else str(int(time.time()))).encode()
+    signature = ep.sendgrid_key.sign(ts + body, ec.ECDSA(hashes.SHA256()))
+    return {
+        "X-Twilio-Email-Event-Webhook-Signature": base64.b64encode(signature),
+        "X-Twilio-Email-Event-Webhook-Timestamp": ts,
+    }
+
+
+def mailgun_signature(token: str, stamp: str | None = None) -> dict[str, str]:
+    ts = stamp if stamp is not None else str(int(time.time()))
+    mac = hmac.new(MAILGUN_KEY.encode(), (ts + token).encode(), hashlib.sha256).hexdigest()
+    return {"timestamp": ts, "token": token, "signature": mac}
+
+
+def postmark_auth() -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(POSTMARK_AUTH.encode()).decode()}
