@@ -292,8 +292,10 @@ class Settings(BaseSettings):
     topic is refused (anyone can make an SNS topic, and AWS signs its messages too)."""
 
     sns_cert_url_pattern: str = r"^https://sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/"
-    """A regular expression an SNS ``SigningCertURL`` and ``SubscribeURL`` must match: AWS's own
-    SNS hosts. Tests point it at a loopback server."""
+    """A regular expression an SNS ``SigningCertURL`` and ``SubscribeURL`` must match from their
+    start through at least the whole host and port: AWS's own SNS hosts. The URL must be plain
+    besides (no user, fragment, percent-encoding, dot segment; a certificate's path ends in
+    ``.pem``). Tests point it at a loopback server."""
 
     sendgrid_public_key: str | None = None
     """SendGrid Event Webhook verification key (base64 DER, as SendGrid's settings show it)."""

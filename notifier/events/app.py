@@ -12,14 +12,17 @@ Routes (give each provider its URL under ``NOTIFIER_EVENTS_PUBLIC_URL``):
   shows the page, other methods are answered 405
 * ``GET /health`` - ``ok``
 
-A request is verified before anything in it is read for meaning. One that is not (no or wrong
+A request is verified before anything in it is read for meaning, by the cheapest check that can
+refuse it first: what the headers alone show before the body is read (``Check``), shapes,
+timestamps and the SNS topic before any signature, and the signature before anything is
+fetched or written (each provider's module lists its order). One that is not (no or wrong
 signature or credentials, a stale timestamp, a replayed token, an unknown SNS topic) is answered
-401 or 403 and applied not at all; each refusal is logged with its reason and counted in Redis
-(``notifier:metrics:events``, field ``provider|outcome``: ``refused``, ``applied``,
-``unmatched``, ``unchanged``, ``mismatched``: a report naming another recipient than its
-row's), beside the workers' metrics. No access log line shows a token: ``/u/`` paths are
-logged as ``/u/…`` (``notifier.logs.redact_unsubscribe_paths``). Verification and database work run
-in Starlette's thread pool: the database layer is synchronous.
+401 or 403, a malformed one 400 with the reason, and applied not at all; each refusal is logged
+with its reason and counted in Redis (``notifier:metrics:events``, field ``provider|outcome``:
+``refused``, ``applied``, ``unmatched``, ``unchanged``, ``mismatched``: a report naming another
+recipient than its row's), beside the workers' metrics. No access log line shows a token: ``/u/``
+paths are logged as ``/u/…`` (``notifier.logs.redact_unsubscribe_paths``). Verification and
+database work run in Starlette's thread pool: the database layer is synchronous.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from urllib.parse import parse_qsl
 
 import redis
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -54,6 +58,8 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_FORM_BYTES = 4096
 
 Handler = Callable[[bytes, Request], list[Event]]
+#: What a request's headers alone show, checked before its body is read: raises ``Refused``.
+Check = Callable[[Request], object]
 
 
 def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starlette:
@@ -65,18 +71,26 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
         except redis.RedisError:
             log.warning("could not count %s %s events: Redis unavailable", n, outcome)
 
-    def receive(provider: str, handle: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def receive(
+        provider: str, handle: Handler, check: Check | None = None
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            body = await _body(request)
-            if body is None:
-                return PlainTextResponse("body too large", status_code=413)
             try:
+                if check is not None:
+                    check(request)
+                body = await _body(request)
+                if body is None:
+                    return PlainTextResponse("body too large", status_code=413)
                 events = await run_in_threadpool(handle, body, request)
             except Refused as exc:
                 log.warning("refused a %s request: %s", provider, exc.reason)
                 count(provider, "refused")
                 return PlainTextResponse(exc.reason, status_code=exc.status)
-            results = await run_in_threadpool(applier.apply_all, events)
+            try:
+                results = await run_in_threadpool(applier.apply_all, events)
+            except (SQLAlchemyError, redis.RedisError):  # the provider will send it again
+                log.exception("could not apply %s %s events", len(events), provider)
+                return PlainTextResponse("try again later", status_code=503)
             for r in results:
                 count(provider, r.outcome)
             return PlainTextResponse("ok")
@@ -86,28 +100,38 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
     def ses(body: bytes, request: Request) -> list[Event]:
         doc = parse_json(body, "SNS", dict)
         sns.verify(doc, settings)
-        kind = doc.get("Type")
+        kind = doc["Type"]
         if kind == "SubscriptionConfirmation":
             sns.confirm(doc, settings)
-            log.info("confirmed the SNS subscription to %s", doc.get("TopicArn"))
+            log.info("confirmed the SNS subscription to %s", doc["TopicArn"])
             return []
         return sns.events(doc) if kind == "Notification" else []
 
+    def sendgrid_headers(request: Request) -> object:
+        return sendgrid.check_headers(request.headers, settings)
+
     def sendgrid_events(body: bytes, request: Request) -> list[Event]:
-        sendgrid.verify(body, dict(request.headers), settings)
+        sendgrid.verify(body, request.headers, settings)
         return sendgrid.events(body)
 
     def mailgun_events(body: bytes, request: Request) -> list[Event]:
         doc = mailgun.parse(body)
-        mailgun.verify(doc, settings, client)
-        return mailgun.events(doc)
+        mailgun.verify(doc, settings)
+        found = mailgun.events(doc)
+        mailgun.spend(doc, settings, client)
+        return found
+
+    def postmark_credentials(request: Request) -> None:
+        postmark.verify(request.headers.get("authorization"), settings)
 
     def postmark_events(body: bytes, request: Request) -> list[Event]:
-        postmark.verify(request.headers.get("authorization"), settings)
         return postmark.events(body)
 
+    def twilio_header(request: Request) -> object:
+        return twilio.check_header(request.headers.get(twilio.SIGNATURE), settings)
+
     def twilio_events(body: bytes, request: Request) -> list[Event]:
-        params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        params = twilio.parse(body)
         query = request.scope.get("query_string", b"").decode("latin-1")
         given = request.headers.get(twilio.SIGNATURE)
         twilio.verify(request.url.path, query, params, given, settings)
@@ -142,10 +166,18 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
 
     routes = [
         Route("/ses", receive("ses", ses), methods=["POST"]),
-        Route("/sendgrid", receive("sendgrid", sendgrid_events), methods=["POST"]),
+        Route(
+            "/sendgrid",
+            receive("sendgrid", sendgrid_events, sendgrid_headers),
+            methods=["POST"],
+        ),
         Route("/mailgun", receive("mailgun", mailgun_events), methods=["POST"]),
-        Route("/postmark", receive("postmark", postmark_events), methods=["POST"]),
-        Route("/twilio", receive("twilio", twilio_events), methods=["POST"]),
+        Route(
+            "/postmark",
+            receive("postmark", postmark_events, postmark_credentials),
+            methods=["POST"],
+        ),
+        Route("/twilio", receive("twilio", twilio_events, twilio_header), methods=["POST"]),
         Route("/u/{token}", unsubscribe_page, methods=["GET", "POST"]),
         Route("/health", health, methods=["GET"]),
     ]

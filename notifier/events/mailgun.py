@@ -11,6 +11,13 @@ bounce; ``temporary`` is a soft bounce that Mailgun tries again, so it is counte
 the row's state alone), ``complained``, ``unsubscribed``; with ``recipient``,
 ``timestamp`` (Unix seconds), ``user-variables`` (what notifier put in ``X-Mailgun-Variables``:
 ``notifier_id``) and ``message.headers.message-id``.
+
+Order of checks, cheapest first, nothing written before the last: the key is configured
+(403); the body is a JSON object of bounded depth (400); ``signature`` is an object of a
+timestamp, a token of at most 200 characters and 64 hex digits (401/403); the timestamp is
+Unix seconds within the age (403); the HMAC (403); ``event-data`` reads as a report, its
+``timestamp`` a finite Unix time (400); then the token is spent (``spend``: 403 if it was
+already, 503 if Redis cannot say).
 """
 
 from __future__ import annotations
@@ -18,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import time
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -28,39 +33,55 @@ from notifier.events.model import (
     DeliveryStatus,
     Event,
     Refused,
+    fresh_seconds,
     obj,
     parse_json,
     row_id,
     text_or_none,
+    unix_time,
 )
 from notifier.settings import Settings
 
 TOKEN_KEY = "notifier:events:mailgun-token:"  # noqa: S105 - a Redis key prefix
 _MESSAGE_ID = re.compile(r"notification-(\d{1,18})@")
+_TOKEN = re.compile(r"[!-~]{1,200}")  # printable ASCII
+_HEX_MAC = re.compile(r"[0-9a-f]{64}")
 
 
 def parse(body: bytes) -> dict[str, Any]:
     return parse_json(body, "Mailgun", dict)
 
 
-def verify(doc: dict[str, Any], settings: Settings, client: redis.Redis) -> None:
-    """Raise ``Refused`` unless Mailgun signed ``doc`` recently, and for the first time."""
+def verify(doc: dict[str, Any], settings: Settings) -> None:
+    """Raise ``Refused`` unless Mailgun signed ``doc`` recently; writes nothing (``spend``)."""
     if not settings.mailgun_signing_key:
         raise Refused(403, "NOTIFIER_MAILGUN_SIGNING_KEY is not set")
     signed = doc.get("signature")
     if not isinstance(signed, dict):
         raise Refused(401, "Mailgun signature missing")
-    stamp, token, signature = (str(signed.get(k, "")) for k in ("timestamp", "token", "signature"))
+    token, signature = signed.get("token"), signed.get("signature")
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise Refused(403, "Mailgun token is not up to 200 printable characters")
+    if not isinstance(signature, str) or not _HEX_MAC.fullmatch(signature):
+        raise Refused(403, "Mailgun signature is not 64 hex digits")
+    stamp = fresh_seconds(signed.get("timestamp"), settings.events_max_age_seconds, "Mailgun")
     expected = hmac.new(
         settings.mailgun_signing_key.encode(), (stamp + token).encode(), hashlib.sha256
     ).hexdigest()
-    if not token or not hmac.compare_digest(expected, signature):
+    if not hmac.compare_digest(expected, signature):
         raise Refused(403, "Mailgun signature does not verify")
-    max_age = settings.events_max_age_seconds
-    if not stamp.isdigit() or abs(time.time() - int(stamp)) > max_age:
-        raise Refused(403, "Mailgun timestamp is stale")
+
+
+def spend(doc: dict[str, Any], settings: Settings, client: redis.Redis) -> None:
+    """Remember a verified request's token; ``Refused`` if it was seen before."""
+    token = obj(doc.get("signature")).get("token")
     # Kept a little longer than a timestamp stays fresh, so a replay cannot outlive it.
-    if not client.set(TOKEN_KEY + token[:200], 1, nx=True, ex=int(max_age) * 2 + 1):
+    lifetime = int(settings.events_max_age_seconds) * 2 + 1
+    try:
+        first = client.set(TOKEN_KEY + str(token), 1, nx=True, ex=lifetime)
+    except redis.RedisError:
+        raise Refused(503, "Mailgun token not checked: Redis unavailable") from None
+    if not first:
         raise Refused(403, "Mailgun token replayed")
 
 
@@ -72,15 +93,12 @@ def events(doc: dict[str, Any]) -> list[Event]:
     variables = obj(data.get("user-variables"))
     headers = obj(obj(data.get("message")).get("headers"))
     found = _MESSAGE_ID.search(str(headers.get("message-id") or ""))
-    stamp = data.get("timestamp")
-    if not isinstance(stamp, int | float) or isinstance(stamp, bool):
-        raise Refused(400, "Mailgun event without a Unix timestamp")
     status = obj(data.get("delivery-status"))
     said = f"{status.get('code', '')} {status.get('message') or status.get('description') or ''}"
     base: dict[str, Any] = {
         "provider": "mailgun",
         "channel": "email",
-        "at": datetime.fromtimestamp(stamp, UTC),
+        "at": unix_time(data.get("timestamp"), "Mailgun event timestamp"),
         "recipient": text_or_none(data.get("recipient")),
         "notification_id": row_id(variables.get("notifier_id"))
         or (int(found[1]) if found else None),

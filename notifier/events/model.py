@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import re
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 T = TypeVar("T", dict[str, Any], list[Any])
+
+#: Deepest JSON a provider's document may be: theirs are a handful of levels.
+MAX_DEPTH = 32
+#: Unix seconds as a signature's timestamp: ASCII digits, nothing else.
+_SECONDS = re.compile(r"[0-9]{1,12}")
+#: The times a report may name (Python's datetime, and PostgreSQL's, hold them all).
+_YEARS = range(1970, 9999)
 
 
 class DeliveryStatus(StrEnum):
@@ -91,12 +101,102 @@ def row_id(value: object) -> int | None:
     return int(given) if given.isdigit() and len(given) <= 18 else None
 
 
-def parse_json(body: bytes, what: str, kind: type[T]) -> T:
-    """The body as JSON of ``kind`` (``dict`` or ``list``), or ``Refused(400)`` naming ``what``."""
+def listed(value: object) -> list[Any]:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def parse_json(body: bytes | str, what: str, kind: type[T]) -> T:
+    """The body as JSON of ``kind`` (``dict`` or ``list``), or ``Refused(400)`` naming ``what``:
+    not JSON, nested deeper than ``MAX_DEPTH``, or holding a number no JSON writer means
+    (``NaN``, ``Infinity``, ``1e999``, an integer of thousands of digits)."""
     try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise Refused(400, f"{what} body is not JSON") from None
+        doc = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise Refused(400, f"{what} body is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # not JSON, not UTF-8, or a number out of range
+        raise Refused(400, f"{what} body is not JSON with finite numbers") from None
     if not isinstance(doc, kind):
         raise Refused(400, f"{what} body is not a JSON {'array' if kind is list else 'object'}")
+    unfit = _unfit(doc, MAX_DEPTH)
+    if unfit:
+        raise Refused(400, f"{what} body {unfit}")
     return doc
+
+
+def unix_time(value: object, what: str) -> datetime:
+    """A report's time given as Unix seconds (a JSON number), or ``Refused(400)``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        try:
+            at = datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            pass
+        else:
+            if at.year in _YEARS:
+                return at
+    raise Refused(400, f"{what} is not a Unix time in seconds")
+
+
+def iso_time(value: object, what: str) -> datetime:
+    """A report's time given as ISO 8601 (UTC when it names no zone), or ``Refused(400)``."""
+    if isinstance(value, str) and len(value) <= 64:
+        try:
+            at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            at = at.replace(tzinfo=at.tzinfo or UTC).astimezone(UTC)
+        except (OverflowError, ValueError):
+            pass
+        else:
+            if at.year in _YEARS:
+                return at
+    raise Refused(400, f"{what} {str(value)[:40]!r} is not an ISO 8601 time")
+
+
+def fresh_seconds(value: object, max_age: float, what: str) -> str:
+    """A signature's timestamp, Unix seconds as ASCII digits within ``max_age`` of now; else
+    ``Refused(403)``. Checked before the signature: a stale request costs no verification."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _SECONDS.fullmatch(value):
+        raise Refused(403, f"{what} timestamp is not Unix seconds")
+    if abs(time.time() - int(value)) > max_age:
+        raise Refused(403, f"{what} timestamp is stale")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _finite(given: str) -> float:
+    number = float(given)
+    if not math.isfinite(number):
+        raise ValueError(f"{given[:20]} is out of range")
+    return number
+
+
+def _unfit(doc: object, limit: int) -> str | None:
+    """Why ``doc`` cannot be used: nested deeper than ``limit``, or a string (a key or a
+    value) with a lone surrogate, which JSON's ``\\ud800`` can write but nothing can encode."""
+    level: list[object] = [doc]
+    for depth in range(limit + 1):
+        deeper: list[object] = []
+        for value in level:
+            if isinstance(value, dict | list) and depth == limit:
+                return f"is nested deeper than {limit} levels"
+            if isinstance(value, dict):
+                deeper.extend(value.keys())
+                deeper.extend(value.values())
+            elif isinstance(value, list):
+                deeper.extend(value)
+            elif isinstance(value, str) and not _encodable(value):
+                return "has a string that is not Unicode text (a lone surrogate)"
+        level = deeper
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -11,14 +11,20 @@ The body is a JSON array of events: ``delivered``, ``bounce`` (``type`` ``bounce
 ``blocked`` soft), ``dropped``, ``spamreport``, ``unsubscribe``, ``group_unsubscribe``; each
 with ``email``, ``timestamp`` (Unix seconds), and the unique arguments notifier put in
 ``X-SMTPAPI`` (``notifier_id``) as top-level fields.
+
+Order of checks, cheapest first, all but the last two before the body is read
+(``check_headers``): the key is configured (403); both headers are present (401); the
+timestamp is Unix seconds in ASCII digits within the age (403); the signature is base64 of a
+sane length (403); then the signature over the body (403); then the body is a JSON array of
+bounded depth, each event's ``timestamp`` a finite Unix time (400).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import time
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -31,14 +37,17 @@ from notifier.events.model import (
     DeliveryStatus,
     Event,
     Refused,
+    fresh_seconds,
     parse_json,
     row_id,
     text_or_none,
+    unix_time,
 )
 from notifier.settings import Settings
 
 SIGNATURE = "x-twilio-email-event-webhook-signature"
 TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
+_MAX_SIGNATURE_CHARS = 200  # base64 of a DER P-256 signature is about 96
 
 
 @lru_cache(maxsize=4)
@@ -49,18 +58,27 @@ def _key(encoded: str) -> ec.EllipticCurvePublicKey:
     return key
 
 
-def verify(body: bytes, headers: dict[str, str], settings: Settings) -> None:
-    """Raise ``Refused`` unless SendGrid signed ``body`` recently."""
+def check_headers(headers: Mapping[str, str], settings: Settings) -> tuple[str, bytes]:
+    """The timestamp and the signature, or ``Refused`` for all that the headers alone show."""
     if not settings.sendgrid_public_key:
         raise Refused(403, "NOTIFIER_SENDGRID_PUBLIC_KEY is not set")
     signature, stamp = headers.get(SIGNATURE), headers.get(TIMESTAMP)
     if not signature or not stamp:
         raise Refused(401, "SendGrid signature headers missing")
-    if not stamp.isdigit() or abs(time.time() - int(stamp)) > settings.events_max_age_seconds:
-        raise Refused(403, "SendGrid timestamp is stale")
+    stamp = fresh_seconds(stamp, settings.events_max_age_seconds, "SendGrid")
     try:
-        raw = base64.b64decode(signature, validate=True)
-        _key(settings.sendgrid_public_key).verify(
+        if len(signature) > _MAX_SIGNATURE_CHARS:
+            raise ValueError("too long")
+        return stamp, base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        raise Refused(403, "SendGrid signature is not base64 of an ECDSA signature") from None
+
+
+def verify(body: bytes, headers: Mapping[str, str], settings: Settings) -> None:
+    """Raise ``Refused`` unless SendGrid signed ``body`` recently."""
+    stamp, raw = check_headers(headers, settings)
+    try:
+        _key(settings.sendgrid_public_key or "").verify(
             raw, stamp.encode() + body, ec.ECDSA(hashes.SHA256())
         )
     except (InvalidSignature, binascii.Error, ValueError):
@@ -109,6 +127,4 @@ def _event(doc: dict[str, Any]) -> Event | None:
 
 
 def _time(value: object) -> datetime:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, UTC)
-    raise Refused(400, "SendGrid event without a Unix timestamp")
+    return unix_time(value, "SendGrid event timestamp")

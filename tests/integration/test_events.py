@@ -12,16 +12,8 @@ import hashlib
 import hmac
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,10 +21,8 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding
 from sqlalchemy import Engine, text
 
 from notifier import metrics
@@ -41,137 +31,28 @@ from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.email import EmailProvider
 from notifier.settings import Settings, get_settings
+from tests.events_endpoint import (
+    MAILGUN_KEY,
+    POSTMARK_AUTH,
+    PUBLIC,
+    SECRET,
+    TOPIC,
+    TWILIO_TOKEN,
+    Endpoint,
+    running_endpoint,
+)
 from tests.factories import MakeRow, MakeRows, SetEnv
 from tests.prometheus import samples, scrape
 from tests.smtp_sink import SmtpSink
 
-REPO = Path(__file__).resolve().parents[2]
-COMMAND = (sys.executable, "-m", "notifier.cli", "events", "--host", "127.0.0.1")
-TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-feedback"
-MAILGUN_KEY = "key-mailgun-test-signing"
-POSTMARK_AUTH = "postmark:s3cret"
-TWILIO_TOKEN = "twilio-auth-token-test"
-PUBLIC = "https://events.example.test"
-SECRET = "unsubscribe-secret-test"
 #: A row its provider accepted, on the first attempt: what a delivery event is about.
 SENT = {"subject": "hi", "status": "sent", "attempts": 1}
 
 
-class CertServer(ThreadingHTTPServer):
-    """Serves the SNS signing certificate and counts subscription confirmations."""
-
-    pem: bytes = b""
-    confirmed: list[str]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: CertServer
-
-    def do_GET(self) -> None:
-        if self.path == "/cert.pem":
-            body = self.server.pem
-        else:
-            self.server.confirmed.append(self.path)
-            body = b"<ConfirmSubscriptionResponse/>"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@dataclass
-class Endpoint:
-    url: str
-    sns_key: rsa.RSAPrivateKey
-    cert_base: str
-    certs: CertServer
-    sendgrid_key: ec.EllipticCurvePrivateKey
-    proc: subprocess.Popen[bytes]
-    log: Path
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
-
-    def post(self, path: str, body: bytes, **headers: str) -> httpx.Response:
-        return self.client.post(self.url + path, content=body, headers=headers)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _self_signed(key: rsa.RSAPrivateKey) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture
 def endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Endpoint]:
-    sns_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    certs = CertServer(("127.0.0.1", 0), _Handler)
-    certs.pem, certs.confirmed = _self_signed(sns_key), []
-    threading.Thread(target=certs.serve_forever, daemon=True).start()
-    cert_base = f"http://127.0.0.1:{certs.server_address[1]}"
-    sendgrid_key = ec.generate_private_key(ec.SECP256R1())
-    public_der = sendgrid_key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    port = _free_port()
-    env = {
-        **os.environ,
-        "NOTIFIER_DATABASE_URL": database_url,
-        "NOTIFIER_REDIS_URL": redis_url,
-        "NOTIFIER_SNS_TOPIC_ARNS": TOPIC,
-        "NOTIFIER_SNS_CERT_URL_PATTERN": f"^{cert_base.replace('.', '[.]')}/",
-        "NOTIFIER_SENDGRID_PUBLIC_KEY": base64.b64encode(public_der).decode(),
-        "NOTIFIER_MAILGUN_SIGNING_KEY": MAILGUN_KEY,
-        "NOTIFIER_POSTMARK_WEBHOOK_AUTH": POSTMARK_AUTH,
-        "NOTIFIER_TWILIO_AUTH_TOKEN": TWILIO_TOKEN,
-        "NOTIFIER_EVENTS_PUBLIC_URL": PUBLIC,
-        "NOTIFIER_UNSUBSCRIBE_SECRET": SECRET,
-        "NOTIFIER_SOFT_BOUNCE_LIMIT": "3",
-    }
-    log = tmp_path / "events.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*COMMAND, "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    ep = Endpoint(url, sns_key, cert_base, certs, sendgrid_key, proc, log)
-    deadline = time.monotonic() + 60
-    while True:  # until it answers, or has exited (then its log says why)
-        assert proc.poll() is None, log.read_text()
-        try:
-            if ep.client.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
-    yield ep
-    proc.terminate()
-    proc.wait(timeout=30)
-    ep.client.close()
-    certs.shutdown()
-    certs.server_close()
+    with running_endpoint(database_url, redis_url, tmp_path) as ep:
+        yield ep
 
 
 def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...]]:
