@@ -22,6 +22,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from notifier.db.sql import seconds_since
+
 #: Rows per page of the list.
 PAGE = 50
 #: How long one list query may run.
@@ -40,10 +42,10 @@ BY_STATUS_CHANNEL = text(
 
 # Each served by a partial index (notifications_due, _lease, _dead).
 GAUGES = text(
-    """
+    f"""
     SELECT (SELECT count(*) FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
-           (SELECT extract(epoch FROM now() - min(next_attempt_at))::float8 FROM notifications
+           (SELECT {seconds_since("min(next_attempt_at)")} FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()) AS lag_seconds,
            (SELECT count(*) FROM notifications
              WHERE status = 'processing' AND locked_until IS NOT NULL) AS processing,

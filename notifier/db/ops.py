@@ -19,6 +19,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from notifier.db.sql import seconds_since
+
 COUNT_BY_STATUS = text(
     "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
     " ORDER BY status, channel"
@@ -33,9 +35,11 @@ GAUGES = text(
     """
 )
 
+# A producer may write any time (``-infinity`` included) into next_attempt_at: the age is
+# clamped, so one such row shows as a long lag instead of failing every monitor's read.
 OLDEST_DUE = text(
-    """
-    SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
+    f"""
+    SELECT {seconds_since("min(next_attempt_at)")}, count(*)
       FROM notifications
      WHERE status = 'pending' AND next_attempt_at <= now()
     """

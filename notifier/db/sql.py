@@ -20,6 +20,20 @@ def for_driver(sql: str) -> str:
     return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
+#: How far from now a time counts as it is where a read computes an age: PostgreSQL holds times
+#: from 4713 BC to 294276 AD and ``±infinity``, and cannot subtract infinite ones. Beyond this,
+#: a time is taken as this far away, so an age is always a large finite number.
+AGE_BOUND = "interval '100 years'"
+
+
+def seconds_since(at: str) -> str:
+    """SQL for the seconds from the timestamptz ``at`` (a column or aggregate written in the
+    query, never a value) until now, as float8; within ``AGE_BOUND`` either way, never an error.
+    ``NULL`` if ``at`` is."""
+    clamped = f"greatest(least({at}, now() + {AGE_BOUND}), now() - {AGE_BOUND})"
+    return f"extract(epoch FROM now() - {clamped})::float8"
+
+
 def parameters(sql: str) -> set[str]:
     """The names of ``sql``'s ``:name`` parameters."""
     return set(_NAMED.findall(sql))
