@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from notifier.console import actions, pages
-from notifier.console.app import Console, Guard
+from notifier.console.app import Console, Guard, Refused, refused
 from notifier.console.auth import Sessions
 from notifier.specs import User
 
@@ -38,7 +38,7 @@ def create_app(
         *actions.routes(),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={Refused: refused})
     app.state.console = Console(engine, users, Sessions(session_seconds), secure_cookie, flower_url)
     app.add_middleware(Guard)
     return app

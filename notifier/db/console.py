@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from notifier.db.sql import seconds_since
+from notifier.db.sql import like_escape, seconds_since
 
 #: Rows per page of the list.
 PAGE = 50
@@ -118,7 +118,8 @@ CONDITIONS = {
     # by its id, looked up first: the planner then knows how many rows the campaign has and
     # reads them through notifications_campaign_recipient instead of walking the table
     "campaign_id": "n.campaign_id = :campaign_id",
-    "error": "n.last_error ILIKE '%' || :error || '%'",
+    # a piece of the error text, ``%`` and ``_`` as themselves (escaped by ``_resolved``)
+    "error": "n.last_error ILIKE '%' || :error || '%' ESCAPE '\\'",
     "since": "n.created_at >= :since",
     "until": "n.created_at < :until",
     "min_id": "n.id >= :min_id",
@@ -160,6 +161,8 @@ def explain_list(conn: Connection, params: dict[str, Any]) -> str:
 def _resolved(conn: Connection, params: Mapping[str, Any]) -> dict[str, Any]:
     """The given filters, a campaign's name replaced by its id (-1, matching nothing, if none)."""
     given = {k: v for k, v in params.items() if v is not None and k != "campaign"}
+    if given.get("error") is not None:
+        given["error"] = like_escape(given["error"])
     if params.get("campaign") is not None:
         name = params["campaign"]
         given["campaign_id"] = int(conn.execute(CAMPAIGN_ID, {"name": name}).scalar_one())

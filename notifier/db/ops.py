@@ -97,7 +97,8 @@ _DEAD = """
     AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
     AND (CAST(:since AS timestamptz) IS NULL OR updated_at >= CAST(:since AS timestamptz))
     AND updated_at < CAST(:until AS timestamptz)
-    AND (CAST(:error AS text) IS NULL OR last_error ILIKE '%' || CAST(:error AS text) || '%')
+    AND (CAST(:error AS text) IS NULL
+         OR last_error ILIKE '%' || CAST(:error AS text) || '%' ESCAPE '\\')
 """
 
 COUNT_DEAD = text(f"SELECT count(*) FROM notifications WHERE {_DEAD}")
