@@ -111,20 +111,20 @@ def _list(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
-def _when(value: str | None) -> datetime | None:
-    return filters.parse_time(value) if value and value.strip() else None
+def _when(value: str | None, name: str) -> datetime | None:
+    return filters.parse_time(value, name) if value and value.strip() else None
 
 
 def _bulk_filter(values: dict[str, str]) -> ops.DeadFilter | ops.WaitingFilter:
     if values.get("action") == "requeue":
         ids = _list(values.get("ids"))
-        if not all(i.isdigit() for i in ids):
+        if not all(i.isascii() and i.isdigit() and len(i) < 19 for i in ids):
             raise ValueError("ids are whole numbers, separated by commas")
         return ops.DeadFilter(
             ids=[int(i) for i in ids],
             channels=_list(values.get("channels")),
-            since=_when(values.get("since")),
-            until=_when(values.get("until")),
+            since=_when(values.get("since"), "since"),
+            until=_when(values.get("until"), "until"),
             error=values.get("error", "").strip() or None,
         )
     if values.get("action") == "cancel":
@@ -133,8 +133,8 @@ def _bulk_filter(values: dict[str, str]) -> ops.DeadFilter | ops.WaitingFilter:
             statuses=statuses or ("pending", "processing"),
             channels=_list(values.get("channels")),
             campaign=values.get("campaign", "").strip() or None,
-            since=_when(values.get("since")),
-            until=_when(values.get("until")),
+            since=_when(values.get("since"), "since"),
+            until=_when(values.get("until"), "until"),
         )
     raise ValueError("choose requeue or cancel")
 
@@ -171,8 +171,11 @@ async def bulk_run(request: Request, values: dict[str, str]) -> Response:
     """Step two: change the rows the count saw (those up to its snapshot)."""
     try:
         f = _bulk_filter(values)
-        snap = ops_store.Snapshot(int(values["max_id"]), datetime.fromisoformat(values["at"]))
-    except (KeyError, ValueError) as exc:
+        max_id = values.get("max_id", "")
+        if not (max_id.isascii() and max_id.isdigit() and len(max_id) < 19):
+            raise ValueError("max_id: count the rows first (step one), then run")
+        snap = ops_store.Snapshot(int(max_id), filters.parse_time(values.get("at", ""), "at"))
+    except ValueError as exc:
         return render(request, "bulk.html", 400, values=values, error=str(exc))
     engine = console(request).engine
     user = _user(request)
@@ -304,7 +307,10 @@ async def _template_page(request: Request, values: dict[str, str] | None) -> Res
     preview, error = None, None
     if values is not None:
         try:
-            data = json.loads(sample)
+            try:
+                data = json.loads(sample)
+            except RecursionError:
+                raise ValueError("the sample payload is nested too deeply") from None
             if not isinstance(data, dict):
                 raise ValueError("the sample payload must be a JSON object")
             parts = content.compile_parts(row["subject"], row["body"], row["html"])

@@ -39,6 +39,10 @@ COOKIE = "notifier_console"
 LOGIN_COOKIE = "notifier_console_login"
 #: The largest form the console reads (a template preview's sample payload is the biggest).
 MAX_FORM_BYTES = 256 * 1024
+#: The longest value of one form field (UTF-8): a name, an address, a reason. Two of them still
+#: fit one index entry (a suppression's channel and recipient); ``LONG_FIELDS`` may fill the form.
+MAX_FIELD_BYTES = 1000
+LONG_FIELDS = frozenset({"payload", "ids"})
 
 HEADERS = [
     (
@@ -123,14 +127,54 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
     return HTMLResponse(html, status_code=status_code)
 
 
+class Refused(Exception):
+    """What the console answers a request it will not act on, before any handler runs: the
+    refusal page with ``status`` and the one-line ``reason`` (see ``refused``)."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+TOO_LARGE = f"the form is larger than the console reads ({MAX_FORM_BYTES // 1024} KiB)"
+
+
+def check_length(request: Request) -> None:
+    """Refuse (413) a body that says it is over ``MAX_FORM_BYTES``, before reading any of it."""
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and int(length) > MAX_FORM_BYTES:
+        raise Refused(TOO_LARGE, 413)
+
+
+def check_inputs(request: Request) -> None:
+    """Refuse (400) a NUL character in the path or the query string: no name or filter holds
+    one, and PostgreSQL's text cannot."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        _no_nul(name, str(value))
+
+
+def _no_nul(name: str, value: str) -> None:
+    if "\x00" in name or "\x00" in value:
+        raise Refused(f"{name[:40]!r} contains a NUL character: remove it")
+
+
 async def form(request: Request) -> dict[str, str]:
-    """The POSTed urlencoded form, first value of each field."""
-    body = b""
+    """The POSTed urlencoded form, first value of each field; ``Refused`` for a body over
+    ``MAX_FORM_BYTES`` (413, read no further), a NUL character or a field over
+    ``MAX_FIELD_BYTES`` (400)."""
+    check_length(request)
+    body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
-            raise ValueError("the form is too large")
-    return dict(reversed(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)))
+            raise Refused(TOO_LARGE, 413)
+    pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    for name, value in pairs:
+        _no_nul(name, value)
+        if name not in LONG_FIELDS and len(value.encode()) > MAX_FIELD_BYTES:
+            raise Refused(f"{name[:40]!r} is too long (at most {MAX_FIELD_BYTES} bytes)")
+    return dict(reversed(pairs))
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -142,6 +186,7 @@ def page(handler: Handler) -> Handler:
     async def run(request: Request) -> Response:
         if session(request) is None:
             return RedirectResponse("/login", status_code=303)
+        check_inputs(request)
         return await handler(request)
 
     return run
@@ -163,9 +208,11 @@ def post(*, admin: bool) -> Callable[[FormHandler], Handler]:
 
     def wrap(handler: FormHandler) -> Handler:
         async def run(request: Request) -> Response:
+            check_length(request)
             s = session(request)
             if s is None:
                 return refuse(request, "log in first", 403)
+            check_inputs(request)
             values = await form(request)
             if not csrf_ok(s, values.get("csrf")) or not _same_origin(request):
                 return refuse(request, "the form's security token is missing or stale", 403)
@@ -187,6 +234,12 @@ def refuse(request: Request, why: str, status_code: int) -> HTMLResponse:
 def client(request: Request) -> str:
     """The client's address, as the gate determined it."""
     return request.client.host if request.client else "unknown"
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """The answer to ``Refused``, wherever a handler raised it."""
+    assert isinstance(exc, Refused)
+    return refuse(request, exc.reason, exc.status)
 
 
 class Guard:
@@ -219,8 +272,8 @@ class Guard:
             if self.gate.host_ok(scope["headers"], scheme):
                 await self.app(scope, receive, send_with_headers)
             else:  # before anything else: no session, no form, no route
-                refused = Response(WRONG_HOST, 400, media_type="text/plain")
-                await refused(scope, receive, send_with_headers)
+                wrong = Response(WRONG_HOST, 400, media_type="text/plain")
+                await wrong(scope, receive, send_with_headers)
         finally:
             log.info(
                 "console %s %s %d %.0fms",

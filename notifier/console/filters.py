@@ -22,6 +22,13 @@ PUBLIC = ("status", "channel", "provider", "campaign", "since", "until")
 PRIVATE = ("recipient", "dedupe_key", "error")
 #: Searches an operator's session keeps (the oldest is forgotten first).
 KEPT_SEARCHES = 20
+#: The longest filter value, in characters.
+MAX_LENGTH = 500
+#: The times a filter may name: a range that holds every row a producer meant, and whose ends
+#: can still be widened by the list's id search without leaving what Python can hold.
+EARLIEST, LATEST = datetime(1900, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)
+#: The longest duration back from now (``3650d``), as ``notifier requeue --last`` allows.
+LONGEST = timedelta(days=3650)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +68,29 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-def parse_time(value: str) -> datetime:
+def parse_time(value: str, name: str = "time") -> datetime:
     """``2026-12-01T09:00`` (UTC unless it names a zone), or a duration back from now:
-    ``90m``, ``24h``, ``7d``."""
+    ``90m``, ``24h``, ``7d``; ``ValueError`` naming ``name`` for anything else, a time outside
+    ``EARLIEST``..``LATEST`` or a duration longer than ``LONGEST``."""
     value = value.strip()
     units = {"m": 60, "h": 3600, "d": 86400}
-    if value[-1:] in units and value[:-1].isdigit():
-        return datetime.now(UTC) - timedelta(seconds=int(value[:-1]) * units[value[-1]])
+    number = value[:-1]
+    if value[-1:] in units and number.isascii() and number.isdigit():
+        if len(number) > 12 or int(number) * units[value[-1]] > LONGEST.total_seconds():
+            raise ValueError(f"{name}: {value[:20]} is too long ago (at most {LONGEST.days}d)")
+        return datetime.now(UTC) - timedelta(seconds=int(number) * units[value[-1]])
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"{value[:40]!r} is not a time (2026-12-01T09:00) or 24h") from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+        raise ValueError(
+            f"{name}: {value[:40]!r} is not a time (2026-12-01T09:00) or a duration (24h)"
+        ) from None
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    if not EARLIEST <= at < LATEST:
+        raise ValueError(
+            f"{name}: {value[:40]} is out of range (from {EARLIEST.year} to {LATEST.year - 1})"
+        )
+    return at.astimezone(UTC)
 
 
 def parse(values: Mapping[str, str], *, private: bool) -> Filters:
@@ -84,10 +102,14 @@ def parse(values: Mapping[str, str], *, private: bool) -> Filters:
     for key in allowed:
         if key not in given:
             continue
-        value = given[key][:500]
+        value = given[key]
+        if "\x00" in value:
+            raise ValueError(f"{key} contains a NUL character: remove it")
+        if len(value) > MAX_LENGTH:
+            raise ValueError(f"{key} is too long (at most {MAX_LENGTH} characters)")
         if key == "status" and value not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}")
-        out[key] = parse_time(value) if key in ("since", "until") else value
+        out[key] = parse_time(value, key) if key in ("since", "until") else value
     return Filters(**out)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from notifier.console import actions, pages
-from notifier.console.app import Console, Guard
+from notifier.console.app import Console, Guard, Refused, refused
 from notifier.console.auth import Sessions
 from notifier.console.gate import Gate
 from notifier.console.limits import Attempts
@@ -48,7 +48,7 @@ def create_app(
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
     ]
     gate = gate or Gate.loopback(8090)
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={Refused: refused})
     # A redirect to the path with(out) a trailing slash would name the request's host.
     app.router.redirect_slashes = False
     app.state.console = Console(

@@ -22,6 +22,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from notifier.db.sql import like_escape, seconds_since
+
 #: Rows per page of the list.
 PAGE = 50
 #: How long one list query may run.
@@ -40,10 +42,10 @@ BY_STATUS_CHANNEL = text(
 
 # Each served by a partial index (notifications_due, _lease, _dead).
 GAUGES = text(
-    """
+    f"""
     SELECT (SELECT count(*) FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
-           (SELECT extract(epoch FROM now() - min(next_attempt_at))::float8 FROM notifications
+           (SELECT {seconds_since("min(next_attempt_at)")} FROM notifications
              WHERE status = 'pending' AND next_attempt_at <= now()) AS lag_seconds,
            (SELECT count(*) FROM notifications
              WHERE status = 'processing' AND locked_until IS NOT NULL) AS processing,
@@ -116,7 +118,8 @@ CONDITIONS = {
     # by its id, looked up first: the planner then knows how many rows the campaign has and
     # reads them through notifications_campaign_recipient instead of walking the table
     "campaign_id": "n.campaign_id = :campaign_id",
-    "error": "n.last_error ILIKE '%' || :error || '%'",
+    # a piece of the error text, ``%`` and ``_`` as themselves (escaped by ``_resolved``)
+    "error": "n.last_error ILIKE '%' || :error || '%' ESCAPE '\\'",
     "since": "n.created_at >= :since",
     "until": "n.created_at < :until",
     "min_id": "n.id >= :min_id",
@@ -158,6 +161,8 @@ def explain_list(conn: Connection, params: dict[str, Any]) -> str:
 def _resolved(conn: Connection, params: Mapping[str, Any]) -> dict[str, Any]:
     """The given filters, a campaign's name replaced by its id (-1, matching nothing, if none)."""
     given = {k: v for k, v in params.items() if v is not None and k != "campaign"}
+    if given.get("error") is not None:
+        given["error"] = like_escape(given["error"])
     if params.get("campaign") is not None:
         name = params["campaign"]
         given["campaign_id"] = int(conn.execute(CAMPAIGN_ID, {"name": name}).scalar_one())

@@ -19,6 +19,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from notifier.db.sql import seconds_since
+
 COUNT_BY_STATUS = text(
     "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
     " ORDER BY status, channel"
@@ -33,9 +35,11 @@ GAUGES = text(
     """
 )
 
+# A producer may write any time (``-infinity`` included) into next_attempt_at: the age is
+# clamped, so one such row shows as a long lag instead of failing every monitor's read.
 OLDEST_DUE = text(
-    """
-    SELECT extract(epoch FROM now() - min(next_attempt_at))::float8, count(*)
+    f"""
+    SELECT {seconds_since("min(next_attempt_at)")}, count(*)
       FROM notifications
      WHERE status = 'pending' AND next_attempt_at <= now()
     """
@@ -93,7 +97,8 @@ _DEAD = """
     AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
     AND (CAST(:since AS timestamptz) IS NULL OR updated_at >= CAST(:since AS timestamptz))
     AND updated_at < CAST(:until AS timestamptz)
-    AND (CAST(:error AS text) IS NULL OR last_error ILIKE '%' || CAST(:error AS text) || '%')
+    AND (CAST(:error AS text) IS NULL
+         OR last_error ILIKE '%' || CAST(:error AS text) || '%' ESCAPE '\\')
 """
 
 COUNT_DEAD = text(f"SELECT count(*) FROM notifications WHERE {_DEAD}")

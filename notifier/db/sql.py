@@ -20,6 +20,27 @@ def for_driver(sql: str) -> str:
     return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
+#: How far from now a time counts as it is where a read computes an age: PostgreSQL holds times
+#: from 4713 BC to 294276 AD and ``±infinity``, and cannot subtract infinite ones. Beyond this,
+#: a time is taken as this far away, so an age is always a large finite number.
+AGE_BOUND = "interval '100 years'"
+
+
+def seconds_since(at: str) -> str:
+    """SQL for the seconds from the timestamptz ``at`` (a column or aggregate written in the
+    query, never a value) until now, as float8; within ``AGE_BOUND`` either way, never an error.
+    ``NULL`` if ``at`` is."""
+    # least and greatest skip a NULL: without the CASE, no time at all would read as a century
+    clamped = f"greatest(least({at}, now() + {AGE_BOUND}), now() - {AGE_BOUND})"
+    return f"CASE WHEN {at} IS NOT NULL THEN extract(epoch FROM now() - {clamped})::float8 END"
+
+
+def like_escape(value: str) -> str:
+    """``value`` as a literal piece of a ``LIKE``/``ILIKE`` pattern written with
+    ``ESCAPE '\\'``: ``%``, ``_`` and the backslash match themselves."""
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def parameters(sql: str) -> set[str]:
     """The names of ``sql``'s ``:name`` parameters."""
     return set(_NAMED.findall(sql))

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection, text
 
-from notifier.db.sql import number_array, rowcount
+from notifier.db.sql import number_array, rowcount, seconds_since
 
 CONFIGURE = text("SELECT notifier_status_webhook(CAST(:events AS text[]))")
 
@@ -92,11 +92,11 @@ BACKLOG = text(
 
 # Each count served by a partial index; sent events are not counted (they are many, and purged).
 COUNTS = text(
-    """
+    f"""
     SELECT (SELECT count(*) FROM status_events WHERE status = 'pending'),
            (SELECT count(*) FROM status_events WHERE status = 'processing'),
            (SELECT count(*) FROM status_events WHERE status = 'dead'),
-           (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM status_events
+           (SELECT {seconds_since("min(created_at)")} FROM status_events
              WHERE status = 'pending')
     """
 )
