@@ -39,6 +39,9 @@ MAX_RECIPIENT_LENGTH = 2048
 MAX_SUBJECT_LENGTH = 2048
 #: Longest ``guard``, ``template`` or ``locale`` name.
 MAX_NAME_LENGTH = 200
+#: Longest ``dedupe_key`` in bytes (UTF-8), the ``notifications_dedupe_key_length`` CHECK: far
+#: over any business key, well under what the unique index can hold.
+DEDUPE_KEY_BYTES = 1000
 
 
 class Status(StrEnum):
@@ -130,6 +133,12 @@ notifications = Table(
     Column("delivery_status", Text),
     Column("delivery_at", DateTime(timezone=True)),
     Column("delivery_detail", Text),
+    Column(
+        "producer",
+        Text,
+        comment="Who wrote the row: the login's notifier.producer, or its name; NULL for rows"
+        " written before revision 0020.",
+    ),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -153,6 +162,9 @@ notifications = Table(
     CheckConstraint(
         "(delivery_status IS NULL) = (delivery_at IS NULL)",
         name="notifications_delivery_has_time",
+    ),
+    CheckConstraint(
+        f"octet_length(dedupe_key) <= {DEDUPE_KEY_BYTES}", name="notifications_dedupe_key_length"
     ),
     Index(
         "notifications_due",
