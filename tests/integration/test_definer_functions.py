@@ -202,7 +202,9 @@ def _events_endpoint_actions(engine: Engine) -> list[Action]:
             "INSERT INTO suppressions (channel, recipient, reason)"
             " VALUES ('email', 'd@example.com', 'unsubscribed')"
         ),
-        lambda conn: conn.execute(f"SELECT notifier_status_webhook({EVENTS} || ARRAY['undelivered'])"),
+        lambda conn: conn.execute(
+            f"SELECT notifier_status_webhook({EVENTS} || ARRAY['undelivered'])"
+        ),
         lambda conn: conn.execute(f"SELECT notifier_status_webhook({EVENTS})"),
     ]
 
