@@ -57,8 +57,9 @@ AUDIENCE_ROWS = f"""
     $$
 """
 
-# As in 0018, pinned. The SET clause costs one change of search_path per statement that fires
-# the trigger (docs/scaling.md has the measurement).
+# As in 0018, pinned. The SET clause costs a change of search_path per statement that fires
+# the trigger: 5 to 10 us on a single-row UPDATE that costs 270 to 300 us with the trigger on,
+# nothing measurable on a drain, whose outcome writes are one statement per group of rows.
 EVENTS = f"""
     CREATE OR REPLACE FUNCTION {{schema}}.notifier_status_events() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER {PIN}

@@ -120,7 +120,7 @@ def test_a_producer_cannot_write_under_another_name(
     user = logins.make("notifier_producer")
     with logins.connect(user) as conn, pytest.raises(psycopg.Error, match=error) as refused:
         conn.execute(statement)
-    assert "\n" not in str(refused.value).splitlines()[0] + "x"
+    assert "\n" not in (refused.value.diag.message_primary or "")
     with engine.begin() as conn:
         assert conn.execute(text("SELECT count(*) FROM notifications")).scalar_one() == 0
 
@@ -167,7 +167,8 @@ def test_a_dedupe_key_over_the_bound_is_refused_by_name(engine: Engine) -> None:
     ):
         c.execute(
             text(
-                "INSERT INTO notifications (channel, recipient, dedupe_key) VALUES ('null', 'x', :k)"
+                "INSERT INTO notifications (channel, recipient, dedupe_key)"
+                " VALUES ('null', 'x', :k)"
             ),
             {"k": "k" * 1_000_000},
         )
@@ -185,17 +186,14 @@ def test_a_dedupe_key_over_the_bound_is_refused_by_name(engine: Engine) -> None:
 )
 @given(key=st.text(min_size=900, max_size=1100) | st.text(max_size=20))
 def test_any_key_is_either_enqueued_or_refused_in_one_line(engine: Engine, key: str) -> None:
+    refused = len(key.encode("utf-8")) > DEDUPE_KEY_BYTES or "\x00" in key
     with engine.connect() as conn:
-        try:
-            row = client.enqueue(conn, channel="null", to="x", key=key)
-        except ValueError as refused:
-            too_long = len(key.encode("utf-8", "surrogatepass")) > DEDUPE_KEY_BYTES
-            assert too_long or "\x00" in key
-            assert "\n" not in str(refused) and str(refused).startswith("key ")
+        if refused:
+            with pytest.raises(ValueError, match=r"\Akey [^\n]+\Z"):
+                client.enqueue(conn, channel="null", to="x", key=key)
         else:
-            assert row.id > 0
-        finally:
-            conn.rollback()
+            assert client.enqueue(conn, channel="null", to="x", key=key).created
+        conn.rollback()
 
 
 def test_the_migration_leaves_old_rows_unowned_and_stops_on_a_key_too_long(
@@ -234,7 +232,8 @@ def test_show_and_the_console_name_the_producer(
             )
         ).scalar_one()
     status, out, _ = run(capsys, "show", str(row_id))
-    assert status == 0 and "<b>billing</b>" in out
+    assert status == 0
+    assert "<b>billing</b>" in out
     console = Console(console_env(database_url), tmp_path / "console.log").start()
     try:
         c = console.client()

@@ -34,6 +34,7 @@ ACTIONS = {
     "read attempts": "SELECT * FROM notification_attempts",
     "write attempts": "INSERT INTO notification_attempts"
     " (notification_id, attempt, worker, channel, outcome) VALUES ({own}, 1, 'w', 'null', 'sent')",
+    "delete attempts": "DELETE FROM notification_attempts WHERE notification_id = {unowned}",
     "read templates": "SELECT * FROM templates",
     "write templates": "INSERT INTO templates (name, channel, locale, body)"
     " VALUES ('t', 'null', 'en', 'x')",
@@ -42,6 +43,9 @@ ACTIONS = {
     "mark a campaign finished": "UPDATE campaigns SET status = 'finished', updated_at = now()"
     " WHERE name = 'spring'",
     "read status events": "SELECT * FROM status_events",
+    "update status events": "UPDATE status_events SET attempts = 1"
+    " WHERE notification_id = {unowned}",
+    "delete status events": "DELETE FROM status_events WHERE notification_id = {unowned}",
     "switch the status webhook": "SELECT notifier_status_webhook(ARRAY['sent'])",
     "run an audience query": "SELECT * FROM notifier_audience_rows('SELECT ''a'' AS recipient')",
     "change the schema": "CREATE TABLE mine (id int)",
@@ -63,12 +67,15 @@ MATRIX = {
     "delete any suppression": (None, _, Y, _, _),
     "read attempts": (_, Y, Y, _, Y),
     "write attempts": (_, Y, Y, _, Y),
+    "delete attempts": (_, Y, Y, _, Y),
     "read templates": (_, Y, Y, _, Y),
     "write templates": (_, _, Y, _, _),
     "read campaigns": (_, Y, Y, _, Y),
     "write campaigns": (_, _, Y, _, _),
     "mark a campaign finished": (_, Y, Y, _, Y),
     "read status events": (_, Y, Y, _, Y),
+    "update status events": (_, Y, Y, _, Y),
+    "delete status events": (_, Y, Y, _, Y),
     "switch the status webhook": (_, Y, _, _, Y),
     "run an audience query": (_, _, Y, Y, _),
     "change the schema": (_, _, _, _, _),
@@ -96,6 +103,10 @@ SETUP = """
     SELECT setval(pg_get_serial_sequence('notifications', 'id'), 3);
     INSERT INTO suppressions (channel, recipient, reason)
         VALUES ('email', 'old@example.com', 'opted out');
+    INSERT INTO notification_attempts (notification_id, attempt, worker, channel, outcome)
+        VALUES (3, 1, 'w', 'null', 'dead');
+    INSERT INTO status_events (notification_id, kind, state, channel, occurred_at)
+        VALUES (3, 'status', 'dead', 'null', now());
     INSERT INTO templates (name, channel, locale, body) VALUES ('welcome', 'null', 'en', 'hi');
     INSERT INTO campaigns (name, channel, body, status) VALUES ('spring', 'null', 'hi', 'running');
 """
