@@ -8,15 +8,16 @@ row, and have its operator run as the superuser. ``notifier_audience_rows`` and
 ``notifier_status_webhook`` are pinned the same way; an audience query still finds the tables
 of the migrated schema by their plain names.
 
-``notifications.producer`` says who wrote a row: the name the login was given by its
-administrator (``ALTER ROLE billing_service SET notifier.producer = 'billing'``), or else the
-login's name. ``notifier_producer()`` works it out; it is the column's default, and a session
-whose ``notifier.producer`` says another name (``SET notifier.producer = 'shipping'``) is
-refused, so a producer cannot write or cancel under another's name (a login cannot change its
-own role settings for ``notifier.*``: PostgreSQL allows that to superusers only, or to whom it
-was granted with ``GRANT SET ON PARAMETER``). Producers have no grant on the column, so they
-cannot name it either. Producers cancel only their own rows, and the rows written before this
-revision (``producer`` NULL), as any producer could before.
+``notifications.producer`` says who wrote a row: the session's ``notifier.producer``, which a
+producer login's administrator sets for it (``ALTER ROLE billing_service SET notifier.producer =
+'billing'``), or else the login's name. A producer cannot name the column (no grant), and an
+INSERT by a producer login whose rows carry another name than its own (``notifier_producer()``:
+its role setting, else its name), as after ``SET notifier.producer = 'shipping'``, is refused
+by a statement trigger, once per statement: a default that checked each row cost 10 us a row
+(1 s more for a 100,000-row INSERT ... SELECT, as a campaign launch writes). A login cannot
+change its own role settings for ``notifier.*`` (PostgreSQL allows that to superusers, or to
+whom it was granted with ``GRANT SET ON PARAMETER``). Producers cancel only their own rows, and
+the rows written before this revision (``producer`` NULL), as any producer could before.
 
 ``dedupe_key`` is at most 1,000 bytes (``notifications_dedupe_key_length``): a longer key made
 the producer's INSERT fail with ``index row requires 11464 bytes``. If existing rows hold a
@@ -151,9 +152,9 @@ PRODUCER_REFUSED = """
     $$
 """
 
-# The producer a row gets: the login's own notifier.producer (its role setting in this database
-# or in all), else the login's name; the session's notifier.producer must be unset or agree. A
-# SQL-standard body: its names are bound now, not by the caller's search_path.
+# A login's own producer name: its notifier.producer role setting (in this database, else in
+# all), else its name; the session's notifier.producer must be unset or agree. A SQL-standard
+# body: its names are bound now, not by the caller's search_path.
 PRODUCER = """
     CREATE OR REPLACE FUNCTION {schema}.notifier_producer() RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -175,6 +176,33 @@ PRODUCER = """
                                   LIMIT 1),
                                 session_user) AS own) AS s;
     END
+"""
+
+# The column's default: what the session says, checked by the trigger below for producers.
+DEFAULT = "coalesce(nullif(current_setting('notifier.producer', true), ''), session_user)"
+
+# Once per INSERT statement of a producer login (not a superuser): every new row must carry its
+# own name. Pinned like a definer function, though it runs as the caller: a producer's own
+# operators must not decide the comparison.
+NAMED = """
+    CREATE OR REPLACE FUNCTION {schema}.notifier_producer_named() RETURNS trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, {schema}, pg_temp AS $$
+    DECLARE
+        own text;
+    BEGIN
+        IF NOT pg_has_role(session_user, 'notifier_producer', 'MEMBER')
+           OR (SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = session_user) THEN
+            RETURN NULL;
+        END IF;
+        own := {schema}.notifier_producer();
+        IF EXISTS (SELECT 1 FROM notifier_inserted WHERE producer IS DISTINCT FROM own) THEN
+            RAISE EXCEPTION 'a new row''s producer is not %, this login''s name: leave'
+                ' notifier.producer as its administrator set it', to_json(own)
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        RETURN NULL;
+    END
+    $$
 """
 
 CANCELS_BEFORE = "status IN ('pending', 'processing')"
@@ -206,13 +234,17 @@ def upgrade() -> None:
     op.execute(CONFIGURE.format(schema=schema))
     op.execute(PRODUCER_REFUSED.format(schema=schema))
     op.execute(PRODUCER.format(schema=schema))
+    op.execute(NAMED.format(schema=schema))
     op.execute("ALTER TABLE notifications ADD COLUMN IF NOT EXISTS producer text")
-    op.execute(
-        f"ALTER TABLE notifications ALTER COLUMN producer SET DEFAULT {schema}.notifier_producer()"
-    )
+    op.execute(f"ALTER TABLE notifications ALTER COLUMN producer SET DEFAULT {DEFAULT}")
     op.execute(
         "COMMENT ON COLUMN notifications.producer IS 'Who wrote the row: the login''s"
         " notifier.producer, or its name; NULL for rows written before revision 0020.'"
+    )
+    op.execute(
+        "CREATE OR REPLACE TRIGGER notifications_producer_named AFTER INSERT ON notifications"
+        " REFERENCING NEW TABLE AS notifier_inserted"
+        f" FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notifier_producer_named()"
     )
     op.execute(
         "ALTER POLICY notifications_producer_cancels ON notifications"
@@ -237,6 +269,8 @@ def downgrade() -> None:
     op.execute(
         f"ALTER POLICY notifications_producer_cancels ON notifications USING ({CANCELS_BEFORE})"
     )
+    op.execute("DROP TRIGGER notifications_producer_named ON notifications")
+    op.execute("DROP FUNCTION notifier_producer_named()")
     op.execute("ALTER TABLE notifications DROP COLUMN producer")
     op.execute("DROP FUNCTION notifier_producer()")
     op.execute("DROP FUNCTION notifier_producer_refused(text, text)")

@@ -55,18 +55,19 @@ def test_a_row_carries_the_login_or_the_name_its_administrator_gave_it(
         conn.execute(text(f"ALTER ROLE {user} SET notifier.producer = 'billing'"))
     with logins.connect(user) as conn:
         named = client.enqueue(conn, channel="null", to="x").id
-        # saying the same name again, or nothing, is no forgery
+        # saying the same name again is no forgery
         conn.execute("SET notifier.producer = 'billing'")
         same = client.enqueue(conn, channel="null", to="x").id
-        conn.execute("SET notifier.producer = ''")
-        empty = client.enqueue(conn, channel="null", to="x").id
         conn.commit()
+        # but the login's name is not its name any more, once its administrator gave it one
+        conn.execute("SET notifier.producer = ''")
+        with pytest.raises(psycopg.Error, match='producer is not "billing", this login'):
+            client.enqueue(conn, channel="null", to="x")
     admin = producers.enqueue_row
     with engine.begin() as conn:
         mine = admin(conn, {**_values(), "dedupe_key": None})[0]
-    assert [_row(engine, i)[0] for i in (plain, named, same, empty, mine)] == [
+    assert [_row(engine, i)[0] for i in (plain, named, same, mine)] == [
         user,
-        "billing",
         "billing",
         "billing",
         "postgres",
@@ -123,6 +124,34 @@ def test_a_producer_cannot_write_under_another_name(
     assert "\n" not in (refused.value.diag.message_primary or "")
     with engine.begin() as conn:
         assert conn.execute(text("SELECT count(*) FROM notifications")).scalar_one() == 0
+
+
+def test_a_producer_s_own_operators_do_not_decide_its_name(engine: Engine, logins: Logins) -> None:
+    user = logins.make("notifier_producer", schema=True)
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER ROLE {user} SET notifier.producer = 'billing'"))
+    with logins.connect(user) as conn:  # every text equals every other
+        conn.execute(
+            f"CREATE FUNCTION {user}.same(a text, b text) RETURNS boolean LANGUAGE sql"
+            f" AS 'SELECT true'; CREATE OPERATOR {user}.= (LEFTARG = text, RIGHTARG = text,"
+            f" FUNCTION = {user}.same)"
+        )
+        conn.commit()
+
+    def enqueue_as_login_name() -> None:
+        with logins.connect(user, search_path=f"{user},pg_catalog,public") as conn:
+            conn.execute("SET notifier.producer = ''")
+            client.enqueue(conn, channel="null", to="x")
+            conn.commit()
+
+    with pytest.raises(psycopg.Error, match='producer is not "billing"'):
+        enqueue_as_login_name()
+    # the same check without its pinned search_path is fooled
+    with engine.begin() as conn:
+        conn.execute(text("ALTER FUNCTION notifier_producer_named() RESET search_path"))
+    enqueue_as_login_name()
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT producer FROM notifications")).scalar_one() == user
 
 
 def test_a_producer_cancels_its_own_rows_and_the_unowned_but_no_one_elses(
