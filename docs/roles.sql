@@ -4,6 +4,10 @@
 
 -- A service that writes notifications (INSERT by the producer contract, cancel by key or id).
 CREATE ROLE billing_service LOGIN PASSWORD 'change me' IN ROLE notifier_producer;
+-- Its rows carry its name in `producer`, and it cancels only those: the login name, or the
+-- name given here (only an administrator may; a session that SETs another one is refused).
+-- Give two logins of one service the same name to let each cancel the other's rows.
+ALTER ROLE billing_service SET notifier.producer = 'billing';
 
 -- The Celery workers and beat, `notifier metrics` and the workers' `notifier health`.
 CREATE ROLE notifier_worker_login LOGIN PASSWORD 'change me' IN ROLE notifier_worker;

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from notifier.db import producers
+from notifier.models import DEDUPE_KEY_BYTES
 from notifier.specs import parse_category
 
 
@@ -68,6 +69,8 @@ def enqueue(
         raise ValueError("expires_at must be timezone-aware")
     if expires_at is not None and expires_at <= (send_at or datetime.now(UTC)):
         raise ValueError("expires_at is not after the send time: the row would expire unsent")
+    if key is not None:
+        _check_key(key)
     if payload is not None and not isinstance(payload, Mapping):
         raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
     if category is not None:
@@ -92,6 +95,21 @@ def enqueue(
         },
     )
     return Enqueued(row_id, created)
+
+
+def _check_key(key: str) -> None:
+    """Refuse a dedupe key the table would refuse, saying why in one line."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("key is not valid Unicode text (it has a lone surrogate)") from None
+    if "\x00" in key:
+        raise ValueError("key contains a NUL character, which PostgreSQL text cannot hold")
+    if size > DEDUPE_KEY_BYTES:
+        raise ValueError(
+            f"key is {size} bytes, over the {DEDUPE_KEY_BYTES} a dedupe key may have:"
+            " shorten it (or hash it)"
+        )
 
 
 def cancel(

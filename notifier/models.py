@@ -41,6 +41,9 @@ MAX_RECIPIENT_LENGTH = 2048
 MAX_SUBJECT_LENGTH = 2048
 #: Longest ``guard``, ``template`` or ``locale`` name.
 MAX_NAME_LENGTH = 200
+#: Longest ``dedupe_key`` in bytes (UTF-8), the ``notifications_dedupe_key_length`` CHECK: far
+#: over any business key, well under what the unique index can hold.
+DEDUPE_KEY_BYTES = 1000
 #: The CHECK of every ``category`` column, mirroring ``CATEGORY_PATTERN``.
 CATEGORY_CHECK = f"category ~ '^{CATEGORY_PATTERN}$'"
 
@@ -137,6 +140,12 @@ notifications = Table(
     Column("delivery_status", Text),
     Column("delivery_at", DateTime(timezone=True)),
     Column("delivery_detail", Text),
+    Column(
+        "producer",
+        Text,
+        comment="Who wrote the row: the login's notifier.producer, or its name; NULL for rows"
+        " written before revision 0020.",
+    ),
     Column("category", Text),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
@@ -161,6 +170,9 @@ notifications = Table(
     CheckConstraint(
         "(delivery_status IS NULL) = (delivery_at IS NULL)",
         name="notifications_delivery_has_time",
+    ),
+    CheckConstraint(
+        f"octet_length(dedupe_key) <= {DEDUPE_KEY_BYTES}", name="notifications_dedupe_key_length"
     ),
     CheckConstraint(CATEGORY_CHECK, name="notifications_category"),
     Index(

@@ -54,12 +54,14 @@ def migrate(
     engine = create_engine(url)
     # Each migration commits on its own (``transaction_per_migration`` in env.py), so one that
     # builds an index CONCURRENTLY can step outside a transaction for it.
-    with engine.connect() as conn:
-        config.attributes["connection"] = conn
-        if down_to is None:
-            command.upgrade(config, "head")
-        else:
-            command.downgrade(config, down_to)
-    engine.dispose()
+    try:
+        with engine.connect() as conn:
+            config.attributes["connection"] = conn
+            if down_to is None:
+                command.upgrade(config, "head")
+            else:
+                command.downgrade(config, down_to)
+    finally:  # a migration that fails leaves no connection behind in the pool
+        engine.dispose()
     where = "the newest schema" if down_to is None else f"revision {down_to}"
     say(f"database {url.database} is at {where}")

@@ -54,7 +54,7 @@ ONE = text(
     SELECT n.id, n.status, n.channel, n.recipient, n.subject, n.body, n.payload, n.dedupe_key,
            n.priority, n.attempts, n.max_attempts, n.next_attempt_at, n.expires_at, n.guard,
            n.last_error, n.provider_message_id, n.rescues, n.claimed_by, n.locked_until,
-           c.name AS campaign, n.created_at, n.updated_at, n.sent_at
+           c.name AS campaign, n.producer, n.created_at, n.updated_at, n.sent_at
       FROM notifications n LEFT JOIN campaigns c ON c.id = n.campaign_id
      WHERE n.id = :id
     """
