@@ -11,6 +11,7 @@ numbers are also merged into that JSON file under the test's name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -212,6 +213,49 @@ def _pid(claimed_by: str) -> int:
     return int(claimed_by.split(":")[1])
 
 
+def _client_ports(pid: int) -> set[int]:
+    """The local TCP ports of ``pid``'s sockets (its database connections among them), from
+    /proc: the process's socket inodes matched against the kernel's TCP tables."""
+    inodes = set()
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir() if fds.exists() else ():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _backends(engine: Engine, ports: set[int]) -> set[int]:
+    """The PostgreSQL backends serving the connections from these client ports."""
+    return _stat_activity(engine, "client_port", ports)
+
+
+def _busy_backends(engine: Engine, pids: set[int]) -> set[int]:
+    """Those of these backends still running a statement or a transaction (not idle: a
+    connection the pool process inherited from its parent may stay, idle)."""
+    return _stat_activity(engine, "pid", pids, " AND state <> 'idle'")
+
+
+def _stat_activity(engine: Engine, column: str, values: set[int], where: str = "") -> set[int]:
+    if not values:
+        return set()
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                text(f"SELECT pid FROM pg_stat_activity WHERE {column} = ANY(:values){where}"),
+                {"values": sorted(values)},
+            ).scalars()
+        )
+
+
 def _stale(log: str) -> list[int]:
     """The ``stale=N`` of every batch summary line in a worker's log."""
     return [int(n) for n in re.findall(r"batch claimed=\d+ .*\bstale=(\d+)", log)]
@@ -273,9 +317,19 @@ def test_sigkill_mid_batch_loses_nothing(
             continue
         claimed_by, seen_holding = victim
         pid = _pid(claimed_by)
+        backends = _backends(engine, _client_ports(pid))
+        assert backends, f"no database connection of pool process {pid} found"
         os.kill(pid, signal.SIGKILL)
         killed.add(pid)
         wait_for(lambda: process_gone(pid), 5, f"pool process {pid} to die")  # noqa: B023
+        # Its backends finish what it had already sent them (a COMMIT in flight still commits)
+        # before they notice it is gone, and end or go idle: only then does the table show what
+        # it left undone.
+        wait_for(
+            lambda: not _busy_backends(engine, backends),  # noqa: B023
+            30,
+            f"the database connections of pool process {pid} to end",
+        )
         # It is dead: the rows it still holds are exactly those in flight when it died.
         with engine.connect() as conn:
             held = set(
