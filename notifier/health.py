@@ -17,8 +17,8 @@ from typing import cast
 import redis
 from sqlalchemy import Engine
 
+from notifier.db import errors, workers
 from notifier.db import ops as ops_db
-from notifier.db import workers
 from notifier.settings import Settings
 
 #: Redis key holding the Unix time of the last batch that claimed anything, on any worker.
@@ -59,6 +59,11 @@ def _gone_workers(gone: list[workers.GoneWorker]) -> Check:
     )
 
 
+def _one_line(exc: BaseException) -> str:
+    """An error's first line: SQLAlchemy's add the statement and a link on lines of their own."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), repr(exc))
+
+
 def check(
     engine: Engine, client: redis.Redis, settings: Settings, heartbeat: Path | None = None
 ) -> list[Check]:
@@ -76,13 +81,15 @@ def check(
         if gone:
             checks.append(_gone_workers(gone))
     except Exception as exc:
-        checks.append(Check("database", False, f"unreachable: {exc}"))
+        problem = errors.diagnose(exc, settings.database_url)
+        detail = problem.line if problem is not None else f"unreachable: {_one_line(exc)}"
+        checks.append(Check("database", False, detail))
     try:
         raw = cast("bytes | None", client.get(LAST_CLAIM_KEY))
         last_claim = float(raw) if raw is not None else None
         checks.append(Check("redis", True, "answers"))
     except redis.RedisError as exc:
-        checks.append(Check("redis", False, f"unreachable: {exc}"))
+        checks.append(Check("redis", False, f"unreachable: {_one_line(exc)}"))
     if lag is None or lag <= limit:
         return checks
     now = time.time()

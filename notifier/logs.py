@@ -26,8 +26,15 @@ from urllib.parse import urlsplit
 from notifier.settings import Settings
 
 _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+#: What ends a sentence or closes a bracket after a URL, rather than belonging to it.
+_URL_TAIL = ".,;:!?)]}"
 #: Any local part RFC 5322 allows, quoted or not, and unicode ones (RFC 6531); a dotted domain.
-_EMAIL = re.compile(r"(?:\"[^\"\r\n]+\"|[\w!#$%&'*+/=?^`{|}~.-]+)@[\w-]+(?:\.[\w-]+)+")
+#: Before it, ``keep``: a ``name=`` (or ``name='``) that starts a word, as in ``recipient='...'``,
+#: or an opening quote; both may be part of a local part too, and are read as text instead.
+_EMAIL = re.compile(
+    r"(?P<keep>(?<![\w!#$%&'*+/=?^`{|}~.-])[A-Za-z_][\w.-]*=[\"']?|[\"'](?=[^\s\"]*@))?"
+    r"(?P<address>(?:\"[^\"\r\n]+\"|[\w!#$%&'*+/=?^`{|}~.-]+)@[\w-]+(?:\.[\w-]+)+)"
+)
 _PHONE = re.compile(r"(?<![\w+])\+[1-9](?:[ ().-]?\d){7,14}\b")
 _TOKEN = re.compile(
     r"(?<![\w:-])(?:[\w-]{16,}:[\w-]{32,}|(?=[\w-]*\d)[\w-]{64,})(?![\w:-])", re.ASCII
@@ -91,7 +98,8 @@ def mask_recipient(value: str) -> str:
     ``ann@example.com`` -> ``a***@example.com`` (first character and domain);
     ``+14155550100`` -> ``+1***0100`` (country code and last four digits; the last two of a
     short number, no country code without a ``+``); ``https://hooks.example.com/T0/secret`` ->
-    ``https://hooks.example.com/***`` (scheme and host); anything else, a push token, -> its
+    ``https://hooks.example.com/***`` (scheme, host and port; a URL that is no more than those
+    stays as it is); anything else, a push token, -> its
     first four characters and ``***`` (its first one, if shorter than 16).
     """
     value = value.strip()
@@ -108,19 +116,29 @@ def mask_recipient(value: str) -> str:
 
 
 def scrub(text: str) -> str:
-    """``text`` with every URL, email address, E.164 number and push token in it masked."""
-    text = _URL.sub(lambda m: _mask_url(m[0]), text)
-    text = _EMAIL.sub(lambda m: mask_recipient(m[0]), text)
+    """``text`` with every URL, email address, E.164 number and push token in it masked, and
+    nothing else changed: the words, quotes, ``key=`` names and punctuation around them stay."""
+    text = _URL.sub(_mask_url_match, text)
+    text = _EMAIL.sub(lambda m: (m["keep"] or "") + mask_recipient(m["address"]), text)
     text = _PHONE.sub(lambda m: _mask_phone(m[0]), text)
     return _TOKEN.sub(lambda m: mask_recipient(m[0]), text)
 
 
+def _mask_url_match(match: re.Match[str]) -> str:
+    url = match[0].rstrip(_URL_TAIL)
+    return _mask_url(url) + match[0][len(url) :]
+
+
 def _mask_url(value: str) -> str:
+    """Scheme, host and port; the rest (user, path, query, fragment), where there is any, is
+    what makes a webhook's address a secret, and becomes ``/***``."""
     try:
         parts = urlsplit(value)
-        host = parts.hostname or ""
     except ValueError:
         return f"{value.split(':', 1)[0]}://{_HIDDEN}"
+    _, at, host = parts.netloc.rpartition("@")
+    if not (at or parts.path.strip("/") or parts.query or parts.fragment):
+        return value
     return f"{parts.scheme}://{host}/{_HIDDEN}"
 
 

@@ -35,7 +35,9 @@ def _free_port() -> int:
 class PostgresServer:
     """``initdb`` + ``pg_ctl`` in a temporary directory; ``restart`` is a real server restart."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
+        #: with one, TCP logins need it (scram-sha-256); the Unix socket still trusts anyone
+        self.password = password
         bin_dir = _binaries()
         if bin_dir is None:
             raise RuntimeError("no initdb found: install PostgreSQL's server package")
@@ -64,7 +66,15 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         if not self.data.exists():
-            self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+            auth = ["-A", "trust"]
+            if self.password is not None:
+                secret = self.dir / "password"
+                secret.write_text(self.password, encoding="utf-8")
+                if self._as:
+                    user = pwd.getpwnam("postgres")
+                    os.chown(secret, user.pw_uid, user.pw_gid)
+                auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={secret}"]
+            self._run("initdb", "-D", str(self.data), "-U", "postgres", *auth, "--no-sync")
         self._pg_ctl("start")
         return self
 

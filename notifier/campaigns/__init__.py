@@ -10,6 +10,7 @@ from notifier.campaigns.service import (
     MOST_PARALLEL,
     PARALLEL,
     Campaigns,
+    Paused,
     Progress,
     unwritten,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "PARALLEL",
     "CampaignError",
     "Campaigns",
+    "Paused",
     "Progress",
     "placeholders",
     "render_sql",

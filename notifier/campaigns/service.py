@@ -91,6 +91,18 @@ class Progress:
         return sum(self.counts.by_status.get(s, 0) for s in ("pending", "processing"))
 
 
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """What a pause did: the pending rows it held back, and the rows workers had claimed,
+    which they hand back before their send (held back too, then) unless it had begun."""
+
+    held: int
+    claimed: int
+
+    def __str__(self) -> str:
+        return f"{self.held} rows held back, {self.claimed} claimed by workers"
+
+
 class Campaigns:
     """The operations on campaigns, each in its own transactions."""
 
@@ -330,8 +342,10 @@ class Campaigns:
         with self.engine.begin() as conn:
             return bool(campaigns_db.finish(conn, campaign_id))
 
-    def pause(self, name: str) -> int:
-        """Stop sending now; returns the rows held back. Sends already under way finish."""
+    def pause(self, name: str) -> Paused:
+        """Stop sending now; the rows held back, and those claimed by workers. Sends already
+        under way finish; the other claimed rows are handed back before their send, and then
+        count as held back (``Counts.held``, which ``status`` shows)."""
         with self.engine.begin() as conn:
             campaign = self._get(conn, name)
             # Chunks of a launch under way finish first; those after write their rows parked.
@@ -340,7 +354,7 @@ class Campaigns:
             if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.paused, movable):
                 _refuse_if_finished(campaign, "pause")
                 raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot pause")
-            return campaigns_db.park(conn, campaign.id)
+            return Paused(*campaigns_db.park(conn, campaign.id))
 
     def resume(self, name: str) -> int:
         with self.engine.begin() as conn:

@@ -15,7 +15,7 @@ DONE = 0
 NOTHING_MATCHED = 1  # or, for ``show``, no such row; for ``cancel KEY``/``--id``, not waiting
 BAD_USAGE = 2  # bad arguments or settings; nothing was done
 DECLINED = 3  # the operator answered no to the confirmation; nothing changed
-DATABASE_UNREACHABLE = 4
+DATABASE_UNREACHABLE = 4  # or it refuses the login (user, password, TLS)
 DATABASE_MISSING = 5
 REDIS_UNREACHABLE = 6
 

@@ -14,6 +14,7 @@ from notifier.cli import output, terminal
 from notifier.cli.base import Group, exclusive
 from notifier.cli.output import Text
 from notifier.cli.parsing import JSON_OBJECT
+from notifier.models import CampaignStatus
 
 #: How often ``--watch`` looks at the campaign's counts, in seconds.
 WATCH_EVERY = 1.0
@@ -321,14 +322,36 @@ def _simple(verb: str, done: str, said: str, short: str, text: str) -> None:
         return 0
 
 
-_simple(
-    "pause",
-    "paused",
-    "held back",
-    "Stop sending now; resume continues.",
-    "Stop sending campaign NAME now: its pending rows are held back, and rows a worker had"
-    " already claimed are handed back before their send. 'resume' continues.",
+@campaign.command(
+    short_help="Stop sending now; resume continues.",
+    help="Stop sending campaign NAME now: its pending rows are held back, and rows a worker had"
+    " already claimed are handed back before their send (unless it has begun), to be held"
+    " back too: 'status' counts them all as held back. 'resume' continues.",
 )
+@_NAME
+@output.json_option
+def pause(name: str) -> int:
+    paused = _campaigns().pause(name)
+    claimed = (
+        f"; {paused.claimed} claimed by workers are handed back unless their send has begun"
+        if paused.claimed
+        else ""
+    )
+    output.emit(
+        {
+            "name": name,
+            "status": "paused",
+            "notifications": paused.held,
+            "claimed": paused.claimed,
+        },
+        Text(
+            f"campaign {output.quoted(name)}: paused; {paused.held} notifications held back"
+            f"{claimed}"
+        ),
+    )
+    return 0
+
+
 _simple(
     "resume",
     "resumed",
@@ -347,15 +370,27 @@ _simple(
 
 
 def _watch(campaigns: Campaigns, name: str) -> Progress:
-    """Look at the campaign every second, drawing its progress, until nothing is left to send
-    (or it is paused or cancelled, or the operator presses Ctrl-C); then its final counts."""
+    """Look at the campaign every second, drawing its progress, until it is finished or
+    cancelled, or nothing is left to send, or the operator presses Ctrl-C; then its final
+    counts. A paused campaign is watched on (it may be resumed), saying so once on stderr."""
+    said_paused = False
     try:
         with output.progress("sending", campaigns.status(name).counts.notifications) as bar:
             while True:
                 status = campaigns.status(name)
+                state = status.campaign.status
                 total = status.counts.notifications
-                bar.show(total - status.unfinished, total, _counts(status))
-                if status.unfinished == 0 or status.campaign.status in ("paused", "cancelled"):
+                paused = state == CampaignStatus.paused
+                note = f"{_counts(status)}  paused" if paused else _counts(status)
+                bar.show(total - status.unfinished, total, note)
+                if paused and not said_paused:
+                    output.note(
+                        f"campaign {output.quoted(name)} is paused: watching until it is"
+                        " resumed and done, or cancelled (Ctrl-C stops watching)"
+                    )
+                said_paused = paused
+                done = state in (CampaignStatus.finished, CampaignStatus.cancelled)
+                if done or (status.unfinished == 0 and not paused):
                     break
                 time.sleep(WATCH_EVERY)
     except KeyboardInterrupt:
@@ -374,6 +409,7 @@ def _data(status: Progress) -> dict[str, Any]:
         "enqueued": c.notifications,
         "by_status": c.by_status,
         "retrying": c.retrying,
+        "held": c.held,
     }
 
 
@@ -391,8 +427,7 @@ def _summary(status: Progress) -> str:
         f" ({terminal.shown(status.campaign.channel)}): {status.campaign.status}",
         f"  recipients {c.recipients}   codes {c.codes} ({c.codes_given} given)",
         f"  {_counts(status)}"
-        + "".join(
-            f"  {s} {n}" for s, n in sorted(c.by_status.items()) if s not in ("sent", "dead")
-        ),
+        + "".join(f"  {s} {n}" for s, n in sorted(c.by_status.items()) if s not in ("sent", "dead"))
+        + (f"  (held back {c.held})" if c.held else ""),
     ]
     return "\n".join(lines)

@@ -17,7 +17,6 @@ from typing import Any
 import click
 import redis
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from notifier import client, db, health, logs, metrics
 from notifier.cli import campaigns as campaign_cli
@@ -67,7 +66,7 @@ Exit statuses:
   1  nothing matched (no such row; nothing to change)
   2  bad arguments or settings; nothing was done
   3  the operator answered no to the confirmation; nothing changed
-  4  the database cannot be reached (NOTIFIER_DATABASE_URL)
+  4  the database cannot be reached or refuses the login (NOTIFIER_DATABASE_URL)
   5  the database does not exist (notifier migrate creates it)
   6  Redis cannot be reached (NOTIFIER_REDIS_URL)
 
@@ -408,12 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.Abort:  # Ctrl-C
         output.error("interrupted")
         return INTERRUPTED
-    except (OperationalError, InterfaceError) as exc:
-        line = errors.connection_problem(exc, get_settings().database_url)
-        if line is None:
+    except errors.DRIVER_ERRORS as exc:
+        problem = errors.diagnose(exc, get_settings().database_url)
+        if problem is None:
             raise
-        output.error(line)
-        return DATABASE_MISSING if errors.database_missing(exc) else DATABASE_UNREACHABLE
+        output.error(problem.line)
+        return DATABASE_MISSING if problem.missing else DATABASE_UNREACHABLE
     except redis.ConnectionError as exc:
         output.error(f"cannot connect to Redis (NOTIFIER_REDIS_URL): {exc}")
         return REDIS_UNREACHABLE

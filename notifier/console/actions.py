@@ -21,7 +21,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from notifier import ops
-from notifier.campaigns import CampaignError, Campaigns
+from notifier.campaigns import CampaignError, Campaigns, Paused
 from notifier.console import filters
 from notifier.console.app import console, page, post, refuse, render, segment, session
 from notifier.console.pages import db
@@ -230,7 +230,8 @@ async def act_on_campaign(request: Request, _values: dict[str, str]) -> Response
     ops_of = Campaigns(console(request).engine)
     try:
         rows = await _thread(getattr(ops_of, action), name)
-        message = f"Campaign {name}: {action} done ({rows} rows)."
+        said = rows if isinstance(rows, Paused) else f"{rows} rows"
+        message = f"Campaign {name}: {action} done ({said})."
     except CampaignError as exc:
         message = f"Campaign {name}: {exc}"
     log.info("console %s campaign %s: %s", _user(request), action, message)

@@ -70,10 +70,13 @@ POOL_COUNTS = text(
 
 NOTIFICATIONS = text("SELECT count(*) FROM notifications WHERE campaign_id = :id")
 
+# ``held``: pending rows a pause holds back (due at infinity; ``PARK``, ``PARK_CLAIMED`` and a
+# launch's chunks written while paused).
 BY_STATUS = text(
     """
-    SELECT status, (status = 'pending' AND attempts > 0) AS retrying, count(*)
-      FROM notifications WHERE campaign_id = :id GROUP BY 1, 2
+    SELECT status, (status = 'pending' AND attempts > 0) AS retrying,
+           (status = 'pending' AND next_attempt_at = 'infinity') AS held, count(*)
+      FROM notifications WHERE campaign_id = :id GROUP BY 1, 2, 3
     """
 )
 
@@ -162,10 +165,17 @@ CHUNK_STARTED = text(
     """
 )
 
+# The rows it holds back, and those a worker holds: each is handed back before its send
+# (``queue.PARK_CLAIMED``), unless the send had begun.
 PARK = text(
     """
-    UPDATE notifications SET next_attempt_at = 'infinity', updated_at = now()
-     WHERE campaign_id = :id AND status = 'pending'
+    WITH parked AS (
+        UPDATE notifications SET next_attempt_at = 'infinity', updated_at = now()
+         WHERE campaign_id = :id AND status = 'pending'
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM parked),
+           (SELECT count(*) FROM notifications WHERE campaign_id = :id AND status = 'processing')
     """
 )
 
@@ -243,6 +253,8 @@ class Counts:
     notifications: int
     by_status: dict[str, int]
     retrying: int
+    #: pending rows held back by a pause (what ``pause`` counts, with the rows handed back since)
+    held: int = 0
 
 
 def create(conn: Connection, values: Mapping[str, Any]) -> int:
@@ -270,11 +282,12 @@ def counts(conn: Connection, campaign_id: int) -> Counts:
     recipients, codes, given = pool_counts(conn, campaign_id)
     notifications = conn.execute(NOTIFICATIONS, {"id": campaign_id}).scalar_one()
     by_status: dict[str, int] = {}
-    retrying = 0
-    for status, is_retry, n in conn.execute(BY_STATUS, {"id": campaign_id}).all():
+    retrying = held = 0
+    for status, is_retry, is_held, n in conn.execute(BY_STATUS, {"id": campaign_id}).all():
         by_status[status] = by_status.get(status, 0) + int(n)
         retrying += int(n) if is_retry else 0
-    return Counts(recipients, codes, given, int(notifications), by_status, retrying)
+        held += int(n) if is_held else 0
+    return Counts(recipients, codes, given, int(notifications), by_status, retrying, held)
 
 
 def recipient_missing(
@@ -385,9 +398,11 @@ def has_rows(conn: Connection, campaign_id: int) -> bool:
     return bool(conn.execute(HAS_ROWS, {"id": campaign_id}).scalar_one())
 
 
-def park(conn: Connection, campaign_id: int) -> int:
-    """Hold a paused campaign's pending rows back (due at infinity)."""
-    return int(conn.execute(PARK, {"id": campaign_id}).rowcount)
+def park(conn: Connection, campaign_id: int) -> tuple[int, int]:
+    """Hold a paused campaign's pending rows back (due at infinity): how many, and how many
+    rows workers hold (``processing``) at that moment."""
+    held, claimed = conn.execute(PARK, {"id": campaign_id}).one()
+    return int(held), int(claimed)
 
 
 def unpark(conn: Connection, campaign_id: int) -> int:

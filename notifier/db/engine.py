@@ -11,6 +11,7 @@ from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
 
 from notifier.settings import get_settings
 
@@ -25,15 +26,22 @@ def engine() -> Engine:
     return make_engine(get_settings().database_url)
 
 
+#: Seconds a connection attempt may take, unless the URL's ``connect_timeout`` says otherwise.
+CONNECT_TIMEOUT = 10
+
+
 def make_engine(url: str) -> Engine:
     """An engine whose connections read any timestamp a producer can write."""
+    connect_args: dict[str, Any] = {"application_name": "notifier"}
+    if "connect_timeout" not in make_url(url).query:  # connect_args would override the URL's
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT
     eng = create_engine(
         url,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
         pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
         pool_recycle=1800,
-        connect_args={"connect_timeout": 10, "application_name": "notifier"},
+        connect_args=connect_args,
     )
     event.listen(eng, "connect", _on_connect)
     return eng

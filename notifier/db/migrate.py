@@ -6,6 +6,7 @@ as ``notifier/_migrations``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def migrate(
 ) -> None:
     """Create the database if it does not exist, then upgrade it to the newest schema; or, with
     ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
+    # Alembic logs each of its built-in plugins at INFO as it loads them: noise before the
+    # one line that says what happened.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic import command
     from alembic.config import Config
 

@@ -89,8 +89,9 @@ RECORD_PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off
 # position in ``OUTCOMES``. A column with nothing in it travels as an empty array (``unnest``
 # pads it with NULLs): a group of plain sends parses no codes, errors or retry times, and no
 # outcome code means ``sent``. ``sent_at`` is when the provider accepted the row (the worker's
-# clock, as Unix time), never later than now(). A deferred row gives its attempt back and
-# counts a deferral instead; the history keeps the attempt's number.
+# clock, as Unix time), never later than now(). A sent row keeps no ``last_error``: an earlier
+# attempt's error stays in the history, not beside ``sent``. A deferred row gives its attempt
+# back and counts a deferral instead; the history keeps the attempt's number.
 OUTCOMES = ("sent", "retry", "deferred", "dead", "cancelled")
 _OUTCOME_NAMES = "ARRAY[" + ", ".join(f"'{o}'" for o in OUTCOMES) + "]"
 RECORD_OUTCOMES = text(
@@ -105,7 +106,7 @@ RECORD_OUTCOMES = text(
                provider_message_id = CASE WHEN v.code = 1 THEN v.message_id
                                           ELSE n.provider_message_id END,
                provider = CASE WHEN v.code = 1 THEN v.provider ELSE n.provider END,
-               last_error = CASE WHEN v.code = 1 THEN n.last_error ELSE v.error END,
+               last_error = CASE WHEN v.code = 1 THEN NULL ELSE v.error END,
                next_attempt_at = coalesce(to_timestamp(v.next_at), n.next_attempt_at),
                attempts = n.attempts - CASE WHEN v.code = 3 AND n.attempts > 0 THEN 1 ELSE 0 END,
                deferrals = n.deferrals + CASE WHEN v.code = 3 THEN 1 ELSE 0 END

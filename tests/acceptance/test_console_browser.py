@@ -102,7 +102,8 @@ def test_an_operator_finds_requeues_and_cancels_rows_in_the_browser(
     page.click("button:has-text('Filter')")
     page.wait_for_url(re.compile(r"/notifications\?q="))
     assert "dead.person" not in page.url
-    assert page.locator("td.recipient").all_inner_texts() == ["d***@example.com"]
+    [cell] = page.locator("td.recipient").all_inner_texts()
+    assert re.fullmatch(r"d\*\*\*@example\.com #[0-9a-f]{4}", cell)
     page.goto(f"{base}/notifications?status=dead")
     listed = page.locator("table.list td:first-child a").all_inner_texts()
     assert sorted(int(t) for t in listed) == [ids["dead"], ids["hostile"]]

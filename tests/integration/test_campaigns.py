@@ -280,7 +280,7 @@ def test_pause_holds_rows_back_and_resume_lets_them_go(
     campaigns.launch("spring")
     dispatcher = Dispatcher(engine, load_registry(get_settings()), settings)
     dispatcher.run_once()  # 50 sent
-    assert campaigns.pause("spring") == 250
+    assert campaigns.pause("spring").held == 250
     for _ in range(3):
         assert dispatcher.run_once().sent == 0
     assert campaigns.status("spring").sent == 50

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -14,6 +16,7 @@ from notifier.db import queue, rescue
 from notifier.db.engine import driver
 from notifier.db.sql import number_array, text_array
 from notifier.models import Transition
+from tests.commands import run
 from tests.factories import MakeRow, MakeRows
 
 
@@ -219,3 +222,38 @@ def test_the_rescue_finds_leases_through_the_lease_index(engine: Engine) -> None
         conn.execute(text("ANALYZE notifications"))
         plan = _plan(conn, rescue.RESCUE_EXPIRED, {"limit": 1000})
     assert "notifications_lease" in plan, plan
+
+
+def test_a_row_sent_after_a_retry_or_a_requeue_keeps_no_last_error(
+    engine: Engine, make_row: MakeRow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error of an earlier attempt stays in the history, not beside ``status sent``."""
+    retried = make_row()
+    requeued = make_row(status="dead", last_error="550 mailbox full")
+
+    def attempt(row_id: int, outcome: str, error: str | None = None) -> None:
+        token = uuid.uuid4()
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE notifications SET next_attempt_at = now()"))
+            [claimed] = queue.claim_due(conn, limit=1, lease_seconds=60, token=token, worker="w")
+            assert claimed.id == row_id
+            change = Transition(row_id, outcome, error=error, at=datetime.now(UTC), sent_at=1e9)
+            assert queue.record_outcomes(conn, token, [change], worker="w") == 1
+
+    attempt(retried, "retry", "timed out")
+    attempt(retried, "sent")
+    assert run(capsys, "requeue", "--id", str(requeued), "--yes")[0] == 0
+    attempt(requeued, "sent")
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT id, last_error FROM notifications")).all())
+        errors = conn.execute(
+            text("SELECT error FROM notification_attempts WHERE notification_id = :id"),
+            {"id": retried},
+        ).scalars()
+        assert sorted(map(str, errors)) == ["None", "timed out"]
+    assert rows == {retried: None, requeued: None}
+    for row_id in (retried, requeued):
+        code, out, _ = run(capsys, "show", str(row_id))
+        assert code == 0
+        assert re.search(r"^  status +sent$", out, re.MULTILINE), out
+        assert not re.search(r"^  last_error +\S", out, re.MULTILINE), out

@@ -108,6 +108,6 @@ def test_an_unreachable_database_is_one_line_naming_the_setting() -> None:
     assert (done.returncode, done.stdout) == (4, "")
     [line] = done.stderr.splitlines()
     assert line.startswith(
-        f"notifier: cannot connect to PostgreSQL at 127.0.0.1:{port} (NOTIFIER_DATABASE_URL): "
+        f"notifier: cannot reach PostgreSQL at 127.0.0.1:{port} (NOTIFIER_DATABASE_URL): "
     )
     assert "Traceback" not in done.stderr

@@ -9,7 +9,7 @@ import string
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from notifier import logs
@@ -25,7 +25,9 @@ from notifier.settings import Settings
         ("+447700900123", "+44***0123"),
         ("+353861234567", "+353***4567"),
         ("https://hooks.example.com/T0/B1/secret?token=x", "https://hooks.example.com/***"),
-        ("https://user:pw@hooks.example.com:8443/x", "https://hooks.example.com/***"),
+        ("https://user:pw@hooks.example.com:8443/x", "https://hooks.example.com:8443/***"),
+        ("https://hooks.example.com", "https://hooks.example.com"),
+        ("https://user:pw@hooks.example.com", "https://hooks.example.com/***"),
         ("fcm-token-abc123:APA91b", "fcm-***"),
         ("short-token", "s***"),
         ("4155550100", "***0100"),
@@ -59,6 +61,86 @@ def test_scrub_masks_what_the_narrow_patterns_missed() -> None:
         'o***@example.com j***@example.de "***@example.com'
         " +1***0100 token=cXk3*** claim 5f0c7e0e-8a1b-4c7e-9d3f-2a6b1c0d9e8f"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        # the worker's outcome line: the recipient is masked already, and stays as it was
+        (
+            "notification 7 dead: channel='email' recipient='d***@example.com' reason=bounced",
+            "notification 7 dead: channel='email' recipient='d***@example.com' reason=bounced",
+        ),
+        (
+            "channel='email' recipient='dora@example.com' reason=x",
+            "channel='email' recipient='d***@example.com' reason=x",
+        ),
+        ('to=ann@example.com, cc="bob@example.org"', 'to=a***@example.com, cc="b***@example.org"'),
+        ("(see <ann@example.com>).", "(see <a***@example.com>)."),
+        # uvicorn's start line: an address with no path hides nothing
+        (
+            "Uvicorn running on http://127.0.0.1:8090 (Press CTRL+C to quit)",
+            "Uvicorn running on http://127.0.0.1:8090 (Press CTRL+C to quit)",
+        ),
+        (
+            "POST https://hooks.example.com:8443/T0/secret?sig=1, then (https://x.example.net/a).",
+            "POST https://hooks.example.com:8443/***, then (https://x.example.net/***).",
+        ),
+        ("url='https://u:pw@[::1]:9000/x'", "url='https://[::1]:9000/***'"),
+    ],
+)
+def test_scrub_keeps_the_text_around_an_address(text: str, scrubbed: str) -> None:
+    assert logs.scrub(text) == scrubbed
+
+
+_WORD = st.text(st.sampled_from(string.ascii_letters), min_size=1, max_size=12)
+_ALNUM = st.sampled_from(string.ascii_lowercase + string.digits)
+_EMAILS = st.builds(
+    lambda first, middle, last, domain: f"{first}{middle}{last}@{domain}",
+    _ALNUM,
+    st.text(st.sampled_from(string.ascii_letters + string.digits + "._+'-"), max_size=10),
+    _ALNUM,
+    st.sampled_from(["example.com", "mail.example.de", "x-y.example.co.uk"]),
+)
+_URLS = st.builds(
+    lambda scheme, host, port, path, query: f"{scheme}://{host}{port}{path}{query}",
+    st.sampled_from(["http", "https"]),
+    st.sampled_from(["hooks.example.com", "10.0.0.1", "[::1]", "localhost"]),
+    st.sampled_from(["", ":8443", ":80"]),
+    st.sampled_from(["", "/"]) | st.from_regex(r"\A(/[A-Za-z0-9_-]{1,12}){1,3}\Z"),
+    st.sampled_from(["", "?token=abc", "?a=1&b=2#frag"]),
+)
+_PHONES = st.from_regex(r"\A\+[1-9][0-9]{9,13}\Z")
+_TOKENS = st.builds(
+    lambda a, b: f"{a}:{b}",
+    st.text(st.sampled_from(string.ascii_letters + string.digits + "_-"), min_size=16, max_size=24),
+    st.text(st.sampled_from(string.ascii_letters + string.digits + "_-"), min_size=32, max_size=48),
+)
+_BEFORE = st.sampled_from(["", "'", '"', "(", "<", "to=", "recipient='", 'url="'])
+_AFTER = st.sampled_from(["", "'", '"', ")", ">", ",", ".", ";", ")."])
+#: A piece of text: a word, or an address between what may surround it (``after`` of a token
+#: is never ``:``, which would make it part of the token).
+_PIECES = st.one_of(
+    _WORD.map(lambda w: (w, None)),
+    st.tuples(_BEFORE, st.one_of(_EMAILS, _URLS, _PHONES, _TOKENS), _AFTER),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, min_size=1, max_size=8), st.sampled_from([" ", "\n", " - "]))
+def test_masking_changes_only_the_addresses(pieces: list[tuple[str, ...]], glue: str) -> None:
+    """For text made of words and addresses, the masked text is the same text with each
+    address, and only it, replaced by what ``mask_recipient`` makes of it."""
+    text, expected = [], []
+    for piece in pieces:
+        if len(piece) == 2:
+            text.append(piece[0])
+            expected.append(piece[0])
+        else:
+            before, address, after = piece
+            text.append(f"{before}{address}{after}")
+            expected.append(f"{before}{logs.mask_recipient(address)}{after}")
+    assert logs.scrub(glue.join(text)) == glue.join(expected)
 
 
 _LOCAL = st.text(st.sampled_from(string.ascii_letters + string.digits + "!#$%&'*+/=?^_`{|}~.-ö"))
