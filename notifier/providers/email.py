@@ -86,7 +86,20 @@ class EmailProvider(Provider):
     # -- Provider --------------------------------------------------------------------------------
 
     def validate(self, notification: Notification) -> None:
-        recipient, subject = notification.recipient, notification.subject
+        self.validate_recipient(notification.recipient)
+        subject = notification.subject
+        if subject is not None:
+            check_text("subject", subject)
+            if len(subject) > 998:
+                raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
+        html = notification.payload.get("html")
+        if html is not None and not isinstance(html, str):
+            raise InvalidNotification(
+                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
+            )
+        _check_headers(notification.payload.get("headers"))
+
+    def validate_recipient(self, recipient: str) -> None:
         shown = repr(recipient[:100])
         if not recipient.strip():
             raise InvalidNotification("recipient is empty; give the email address to send to")
@@ -108,16 +121,6 @@ class EmailProvider(Provider):
             raise InvalidNotification(
                 f"recipient {shown} is not a valid email address: its domain {domain_problem}"
             )
-        if subject is not None:
-            check_text("subject", subject)
-            if len(subject) > 998:
-                raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
-        html = notification.payload.get("html")
-        if html is not None and not isinstance(html, str):
-            raise InvalidNotification(
-                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
-            )
-        _check_headers(notification.payload.get("headers"))
 
     def send(self, notification: Notification) -> Outcome:
         message_id = f"<notification-{notification.id}@{self._domain}>"
