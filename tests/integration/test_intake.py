@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import hypothesis
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 import notifier
@@ -260,3 +263,52 @@ def test_send_of_a_good_row_still_prints_its_id(
     assert code == 0
     assert out.strip().isdigit()
     assert _count(engine) == 1
+
+
+TEXT = st.text(st.characters(codec=None), max_size=40) | st.sampled_from(
+    ["a@x.org", "+14155550100", "https://example.com/h", "tok", "\x00", "\ud800", "é" * 600]
+)
+
+
+@hypothesis.settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    channel=st.sampled_from(["null", "email", "sms", "push", "webhook", "fax"]),
+    to=TEXT,
+    subject=st.none() | TEXT,
+    body=st.none() | TEXT,
+    key=st.none() | TEXT,
+    payload=st.dictionaries(TEXT, TEXT | st.integers() | st.floats(), max_size=3),
+    template=st.none() | st.sampled_from(["hello", "text", "nope"]),
+)
+@pytest.mark.usefixtures("templates")
+def test_whatever_a_producer_passes_enqueue_writes_it_or_refuses_with_one_line(
+    engine: Engine,
+    channel: str,
+    to: str,
+    subject: str | None,
+    body: str | None,
+    key: str | None,
+    payload: dict[str, Any],
+    template: str | None,
+) -> None:
+    with engine.connect() as conn, conn.begin():
+        try:
+            notifier.enqueue(
+                conn,
+                channel=channel,
+                to=to,
+                subject=subject,
+                body=body,
+                key=key,
+                payload=payload,
+                template=template,
+            )
+        except ValueError as exc:
+            said = str(exc)
+            assert said
+            assert said.isprintable()
+        conn.rollback()
