@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from notifier.db import producers
-from notifier.models import DEDUPE_KEY_BYTES
+from notifier.delivery.intake import intake_for, unstorable_json, would_be
+from notifier.settings import get_settings
 from notifier.specs import parse_category
 
 
@@ -56,6 +57,10 @@ def enqueue(
     stored template to render from ``payload`` instead of ``subject``/``body``. ``category``
     says what the message is (``security``, ``billing``, ``marketing``): an opt-out of a
     category stops only its rows; ``None`` (the default) is transactional.
+
+    A row a worker would give up unsent is not written: ``ValueError`` says why, in the words
+    of the reason the worker would record (``notifier.delivery.intake``), and nothing reaches
+    the caller's transaction but a read of the row's template.
     """
     if send_at is not None and delay is not None:
         raise ValueError("give send_at or delay, not both")
@@ -69,12 +74,34 @@ def enqueue(
         raise ValueError("expires_at must be timezone-aware")
     if expires_at is not None and expires_at <= (send_at or datetime.now(UTC)):
         raise ValueError("expires_at is not after the send time: the row would expire unsent")
-    if key is not None:
-        _check_key(key)
     if payload is not None and not isinstance(payload, Mapping):
         raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
     if category is not None:
         parse_category(category)
+    try:
+        document = json.dumps(dict(payload or {}), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"invalid notification: payload is not JSON-serializable: {exc}") from None
+    refused = unstorable_json("payload", document)
+    row = would_be(
+        channel=channel,
+        recipient=to,
+        subject=subject,
+        body=body,
+        payload=json.loads(document) if refused is None else {},
+        dedupe_key=key,
+        guard=guard,
+        template=template,
+        locale=locale,
+        category=category,
+        max_attempts=max_attempts,
+        priority=priority,
+    )
+    refused = refused or intake_for(get_settings()).refusal(
+        row, lambda name, channel: producers.templates_of(conn, name, channel)
+    )
+    if refused is not None:
+        raise ValueError(refused)
     row_id, created = producers.enqueue_row(
         conn,
         {
@@ -82,7 +109,7 @@ def enqueue(
             "recipient": to,
             "subject": subject,
             "body": body,
-            "payload": json.dumps(dict(payload or {})),
+            "payload": document,
             "dedupe_key": key,
             "max_attempts": max_attempts,
             "priority": priority,
@@ -95,21 +122,6 @@ def enqueue(
         },
     )
     return Enqueued(row_id, created)
-
-
-def _check_key(key: str) -> None:
-    """Refuse a dedupe key the table would refuse, saying why in one line."""
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError("key is not valid Unicode text (it has a lone surrogate)") from None
-    if "\x00" in key:
-        raise ValueError("key contains a NUL character, which PostgreSQL text cannot hold")
-    if size > DEDUPE_KEY_BYTES:
-        raise ValueError(
-            f"key is {size} bytes, over the {DEDUPE_KEY_BYTES} a dedupe key may have:"
-            " shorten it (or hash it)"
-        )
 
 
 def cancel(

@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -42,7 +42,9 @@ from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
 from notifier.db.audience import AudienceImport
 from notifier.db.campaigns import CampaignRow, Counts
+from notifier.delivery.intake import intake_for
 from notifier.models import CampaignStatus
+from notifier.settings import get_settings
 from notifier.specs import normalize_locale, parse_category
 
 #: Recipients written per fan-out statement (and per transaction).
@@ -169,28 +171,35 @@ class Campaigns:
     def import_audience(
         self,
         name: str,
-        rows: IO[str],
+        rows: Iterable[str],
         recipient_column: str = "recipient",
         *,
         on_duplicate: str = "skip",
+        skip_invalid: bool = False,
     ) -> int:
         """``import_csv``, returning only how many recipients it added."""
-        return self.import_csv(name, rows, recipient_column, on_duplicate=on_duplicate).added
+        return self.import_csv(
+            name, rows, recipient_column, on_duplicate=on_duplicate, skip_invalid=skip_invalid
+        ).added
 
     def import_csv(
         self,
         name: str,
-        rows: IO[str],
+        rows: Iterable[str],
         recipient_column: str = "recipient",
         *,
         on_duplicate: str = "skip",
+        skip_invalid: bool = False,
     ) -> AudienceImport:
-        """Add a CSV file's recipients; its other columns become their fields.
+        """Add a CSV file's recipients (its lines: ``audience_file.text_lines`` reads its
+        bytes); its other columns become their fields.
 
         A recipient on several lines keeps its first line's fields. ``on_duplicate="skip"``
         drops the later lines and reports them (how many, and the first few); ``"refuse"``
         refuses the whole file, naming the first repeat, with nothing imported. A recipient
-        the campaign has from an earlier import stays as it was.
+        the campaign has from an earlier import stays as it was. A recipient the campaign's
+        channel refuses (``Intake.recipient_check``) refuses the file, with nothing imported,
+        unless ``skip_invalid`` leaves its line out and reports it.
         """
         if on_duplicate not in ("skip", "refuse"):
             raise CampaignError(f"on_duplicate is skip or refuse, not {on_duplicate!r}")
@@ -202,11 +211,25 @@ class Campaigns:
                 rows,
                 recipient_column,
                 refuse_duplicates=on_duplicate == "refuse",
+                check=_recipient_check(campaign.channel),
+                skip_invalid=skip_invalid,
             )
 
     def audience_from_query(self, name: str, query: str) -> int:
+        """``import_query``, returning only how many recipients it added."""
+        return self.import_query(name, query).added
+
+    def import_query(self, name: str, query: str, *, skip_invalid: bool = False) -> AudienceImport:
+        """Add the recipients of an operator's query, each checked like a CSV file's."""
         with self.engine.begin() as conn:
-            return audience_db.audience_from_query(conn, self._get(conn, name).id, query)
+            campaign = self._get(conn, name)
+            return audience_db.audience_from_query(
+                conn,
+                campaign.id,
+                query,
+                check=_recipient_check(campaign.channel),
+                skip_invalid=skip_invalid,
+            )
 
     def import_codes(self, name: str, codes: Iterable[str]) -> int:
         with self.engine.begin() as conn:
@@ -418,6 +441,13 @@ class Campaigns:
                     f"{need} recipients still need a code but only {spare} codes are free;"
                     f" import or generate at least {need - spare} more"
                 )
+
+
+def _recipient_check(channel: str) -> audience_db.RecipientCheck:
+    try:
+        return intake_for(get_settings()).recipient_check(channel)
+    except ValueError as exc:
+        raise CampaignError(f"the campaign's channel: {exc}") from None
 
 
 def _refuse_if_finished(campaign: CampaignRow, verb: str) -> None:

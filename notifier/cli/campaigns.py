@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import click
 
 from notifier import db
 from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Progress
+from notifier.campaigns.audience_file import text_lines
 from notifier.cli import output, terminal
 from notifier.cli.base import Group, exclusive
 from notifier.cli.output import Text
 from notifier.cli.parsing import JSON_OBJECT
+from notifier.db.audience import AudienceImport
 from notifier.models import CampaignStatus
 
 #: How often ``--watch`` looks at the campaign's counts, in seconds.
@@ -148,7 +150,8 @@ def create(
     "--csv",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="A CSV file (UTF-8) with a header row. Instead of --query.",
+    help="A CSV file (UTF-8, with or without a byte order mark: a spreadsheet's CSV UTF-8)"
+    " with a header row. Instead of --query.",
 )
 @click.option(
     "--query",
@@ -169,21 +172,33 @@ def create(
     help="A recipient on several lines of the CSV: keep its first line and report the others"
     " (skip), or import nothing and name the repeat (refuse).",
 )
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Import the other recipients when some cannot be sent to on the campaign's channel"
+    " (not an email address, not an E.164 number...), and report the lines skipped; without"
+    " it, such a recipient refuses the whole import.",
+)
 @output.json_option
 def audience(
-    name: str, csv: Path | None, query: str | None, recipient_column: str, on_duplicate: str
+    name: str,
+    csv: Path | None,
+    query: str | None,
+    recipient_column: str,
+    on_duplicate: str,
+    skip_invalid: bool,
 ) -> int:
     exclusive(click.get_current_context(), "csv", "query", required=True)
     if csv is None:
         assert query is not None
-        added = _campaigns().audience_from_query(name, query)
-        output.emit({"name": name, "added": added}, Text(f"{added} recipients added"))
+        report = _campaigns().import_query(name, query, skip_invalid=skip_invalid)
+        said = f"{report.added} recipients added{_invalid(report, 'rows')}"
+        output.emit({"name": name, "added": report.added, **_invalid_data(report)}, Text(said))
         return 0
-    with csv.open(newline="", encoding="utf-8") as rows:
-        lines = output.read_with_progress(rows, "reading")
-        # The import only iterates over its rows, as over a file's lines.
+    with csv.open("rb") as raw:
+        lines = text_lines(output.read_with_progress(raw, "reading"))
         report = _campaigns().import_csv(
-            name, cast(IO[str], lines), recipient_column, on_duplicate=on_duplicate
+            name, lines, recipient_column, on_duplicate=on_duplicate, skip_invalid=skip_invalid
         )
     said = f"{report.added} recipients added"
     if report.duplicates:
@@ -202,9 +217,32 @@ def audience(
             {"line": d.line, "recipient": d.recipient, "first_line": d.first_line}
             for d in report.examples
         ],
+        **_invalid_data(report),
     }
-    output.emit(data, Text(said))
+    output.emit(data, Text(said + _invalid(report, "lines")))
     return 0
+
+
+def _invalid(report: AudienceImport, what: str) -> str:
+    """What ``--skip-invalid`` left out, for the line an import prints."""
+    if not report.invalid:
+        return ""
+    named = "; ".join(
+        f"{what[:-1]} {i.line}: {output.quoted(i.recipient)}: {i.reason}"
+        for i in report.invalid_examples
+    )
+    more = "; ..." if report.invalid > len(report.invalid_examples) else ""
+    return f"; {report.invalid} {what} skipped, their recipient cannot be sent to ({named}{more})"
+
+
+def _invalid_data(report: AudienceImport) -> dict[str, Any]:
+    return {
+        "invalid": report.invalid,
+        "invalid_examples": [
+            {"line": i.line, "recipient": i.recipient, "reason": i.reason}
+            for i in report.invalid_examples
+        ],
+    }
 
 
 @campaign.command(

@@ -128,8 +128,10 @@ def migrate_command(down_to: str | None) -> int:
 @cli.command(
     short_help="Queue one notification and print its id.",
     help="Queue one notification and print its id (with --key, a second send with the same key"
-    " writes nothing and prints the first row's id). The channel is checked against the"
-    " installed providers before anything is written.\n\n"
+    " writes nothing and prints the first row's id). The row is checked first as a worker"
+    " checks it (channel, recipient, subject and body, payload, template and locale, guard):"
+    " one it could never send is refused with the reason it would record, exit status 2, and"
+    " nothing is written.\n\n"
     "\b\nExamples:\n"
     "  notifier send --channel email --to ann@example.com --subject hi --body hello\n"
     "  notifier send --channel email --to ann@example.com --template welcome \\\n"

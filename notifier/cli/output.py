@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, Any, AnyStr, TypeVar
 
 import click
 
@@ -286,7 +286,7 @@ def progress(
             shown.finish()
 
 
-def read_with_progress(file: IO[str], label: str) -> Iterator[str]:
+def read_with_progress(file: IO[AnyStr], label: str) -> Iterator[AnyStr]:
     """The lines of ``file``, with a bar of the bytes read so far where progress is drawn."""
     size = _size(file)
     if size is None or not progress_wanted():
@@ -299,15 +299,16 @@ def read_with_progress(file: IO[str], label: str) -> Iterator[str]:
         bar.show(size)
 
 
-def _size(file: IO[str]) -> int | None:
+def _size(file: IO[AnyStr]) -> int | None:
     try:
         return os.fstat(file.fileno()).st_size or None
     except (AttributeError, OSError, ValueError):
         return None
 
 
-def _position(file: IO[str], size: int) -> int:
+def _position(file: IO[AnyStr], size: int) -> int:
     try:
-        return min(int(file.buffer.tell()), size)  # type: ignore[attr-defined]
+        # A text file cannot tell() while it is iterated; its buffer, like a binary file, can.
+        return min(int(getattr(file, "buffer", file).tell()), size)
     except (AttributeError, OSError, ValueError):
         return 0

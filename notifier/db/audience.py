@@ -12,9 +12,9 @@ line, and the later ones are reported (or refuse the file).
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import IO, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -68,6 +68,12 @@ DUPLICATE_LINES = text(
 #: How many repeated lines an import names (it counts them all).
 DUPLICATES_NAMED = 5
 
+#: How many lines with a recipient that cannot be sent to an import names (it counts them all).
+INVALID_NAMED = 5
+
+#: Why no notification can be sent to a recipient, or ``None`` if one may be.
+RecipientCheck = Callable[[str], str | None]
+
 #: The role an audience query runs as: it reads only what operators GRANT it (migration 0010).
 AUDIENCE_ROLE = "notifier_audience"
 
@@ -75,9 +81,17 @@ AUDIENCE_ROLE = "notifier_audience"
 # ``notifier_audience_rows`` (migration 0010) as notifier_audience, which no query can leave.
 QUERIED = "COPY (SELECT recipient, fields FROM notifier_audience_rows({query})) TO STDOUT"
 
-QUERIED_STAGE = "CREATE TEMP TABLE stage (recipient text, fields jsonb) ON COMMIT DROP"
+# Each row numbered as the query returned it, so that a refused recipient can be named.
+QUERIED_STAGE = (
+    "CREATE TEMP TABLE stage (recipient text, fields jsonb,"
+    " row_number bigint GENERATED ALWAYS AS IDENTITY) ON COMMIT DROP"
+)
 
 STAGED_QUERY = "SELECT recipient, fields FROM stage"
+
+STAGED_RECIPIENTS = "SELECT row_number, recipient FROM stage ORDER BY row_number"
+
+DROP_STAGED = text("DELETE FROM stage WHERE row_number = ANY(CAST(:rows AS bigint[]))")
 
 CODES_FROM_STAGE = for_driver(
     """
@@ -105,8 +119,18 @@ class Duplicate:
 
 
 @dataclass(frozen=True, slots=True)
+class Invalid:
+    """A line (of a CSV file, or a row of a query) whose recipient cannot be sent to."""
+
+    line: int
+    recipient: str
+    #: what the worker would say of a row to it
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class AudienceImport:
-    """What a CSV import did."""
+    """What an import did."""
 
     #: recipients new to the campaign
     added: int
@@ -116,34 +140,65 @@ class AudienceImport:
     duplicates: int
     #: the first of those lines (up to ``DUPLICATES_NAMED``), in line order
     examples: list[Duplicate]
+    #: lines skipped (``skip_invalid``) because their recipient cannot be sent to
+    invalid: int = 0
+    #: the first of those lines (up to ``INVALID_NAMED``), in line order
+    invalid_examples: list[Invalid] = field(default_factory=list)
 
 
 class DuplicateRecipients(ValueError):
     """A CSV imported with ``refuse_duplicates`` repeats a recipient; nothing was imported."""
 
 
+class InvalidRecipients(ValueError):
+    """Recipients that cannot be sent to, imported without ``skip_invalid``; nothing was
+    imported."""
+
+
+def _refuse_invalid(what: str, count: int, examples: list[Invalid]) -> InvalidRecipients:
+    named = "; ".join(
+        f"{what} {i.line}: {i.recipient[:100]!r}: {i.reason}" for i in examples[:INVALID_NAMED]
+    )
+    more = "; ..." if count > len(examples) else ""
+    return InvalidRecipients(
+        f"{count} {what}s of the audience have a recipient that cannot be sent to ({named}{more});"
+        " nothing was imported: fix them, or import the rest skipping them (--skip-invalid)"
+    )
+
+
 def import_audience(
     conn: Connection,
     campaign_id: int,
-    rows: IO[str],
+    rows: Iterable[str],
     recipient_column: str,
     *,
     refuse_duplicates: bool = False,
+    check: RecipientCheck | None = None,
+    skip_invalid: bool = False,
 ) -> AudienceImport:
     """COPY a CSV audience in; its other columns become each recipient's fields.
 
     A recipient on several lines is imported from its first; the later lines are counted and
     the first few named, or with ``refuse_duplicates`` they raise ``DuplicateRecipients``
-    before anything is written.
+    before anything is written. A recipient ``check`` refuses raises ``InvalidRecipients``
+    (counting them all, naming the first few), before anything is written; with
+    ``skip_invalid`` its line is left out and reported instead. Whatever the file holds, what
+    it raises is a ``ValueError`` of one line.
     """
     reader = csv.reader(rows)
-    header = next(reader, None)
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise ValueError(f"the audience CSV's header row cannot be read: {exc}") from None
     if not header:
         raise ValueError("the audience CSV is empty; it needs a header row")
+    if header[0].startswith("\ufeff"):  # a byte order mark, read as text
+        header[0] = header[0][1:]
     header = [h.strip() for h in header]
     if recipient_column not in header:
         raise ValueError(
-            f"the audience CSV has no {recipient_column!r} column (it has: {', '.join(header)})"
+            f"the audience CSV has no {recipient_column!r} column (it has:"
+            f" {', '.join(h if h.isprintable() else repr(h) for h in header)})"
         )
     if len(set(header)) != len(header):
         raise ValueError("the audience CSV repeats a column name")
@@ -160,15 +215,27 @@ def import_audience(
         with cur.copy(f"COPY stage ({', '.join(names)}, line) FROM STDIN") as copy:
             end = reader.line_num  # a record starts on the line after the last one's end
             staged = 0  # records with a recipient, as STAGED reads them (trim() takes spaces)
-            for record in reader:
+            invalid: list[Invalid] = []
+            refused = 0
+            for record in _records(reader):
                 line, end = end + 1, reader.line_num
                 if len(record) != len(header):
                     raise ValueError(
                         f"audience CSV line {reader.line_num} has {len(record)} values;"
                         f" the header has {len(header)}"
                     )
+                recipient = record[order[0]].strip(" ")
+                if recipient and check is not None:
+                    reason = check(recipient)
+                    if reason is not None:
+                        refused += 1
+                        if len(invalid) < INVALID_NAMED:
+                            invalid.append(Invalid(line, recipient, reason))
+                        continue
                 copy.write_row([*(record[i] for i in order), line])
-                staged += record[order[0]].strip(" ") != ""
+                staged += recipient != ""
+            if refused and not skip_invalid:
+                raise _refuse_invalid("line", refused, invalid)
     duplicates, examples = _duplicates(conn) if refuse_duplicates else (0, [])
     if duplicates:
         first = examples[0]
@@ -188,7 +255,19 @@ def import_audience(
         # line gave one (a first import without repeats), the stage need not be read again.
         duplicates, examples = _duplicates(conn)
     conn.execute(text("DROP TABLE stage"))
-    return AudienceImport(added, fields, duplicates, examples)
+    return AudienceImport(added, fields, duplicates, examples, refused, invalid)
+
+
+def _records(reader: Any) -> Iterable[list[str]]:
+    """The CSV reader's records, its errors as one ``ValueError`` line naming the line."""
+    while True:
+        try:
+            record: list[str] = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValueError(f"audience CSV line {reader.line_num} cannot be read: {exc}") from None
+        yield record
 
 
 def _duplicates(conn: Connection) -> tuple[int, list[Duplicate]]:
@@ -199,14 +278,23 @@ def _duplicates(conn: Connection) -> tuple[int, list[Duplicate]]:
 
 
 def audience_from_query(
-    conn: Connection, campaign_id: int, query: str, timeout_seconds: float | None = None
-) -> int:
+    conn: Connection,
+    campaign_id: int,
+    query: str,
+    timeout_seconds: float | None = None,
+    *,
+    check: RecipientCheck | None = None,
+    skip_invalid: bool = False,
+) -> AudienceImport:
     """Stage the rows of an operator's query; it must return a ``recipient`` column.
 
     The query runs on a connection of its own, closed afterwards, in a read-only transaction
     as ``notifier_audience`` with a ``statement_timeout`` (``NOTIFIER_AUDIENCE_QUERY_TIMEOUT``
     by default): it reads only the tables that role was granted, and nothing it sets or locks
-    outlives it. Its rows are copied into ``conn``'s transaction, which alone writes.
+    outlives it. Its rows are copied into ``conn``'s transaction, which alone writes. A
+    recipient ``check`` refuses raises ``InvalidRecipients``, naming its row's number among
+    the rows with a recipient (NULL ones are left out); with ``skip_invalid`` that row is left
+    out and reported.
     """
     timeout = get_settings().audience_query_timeout if timeout_seconds is None else timeout_seconds
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
@@ -229,10 +317,34 @@ def audience_from_query(
             raise ValueError(_refused(exc, timeout)) from None
         finally:
             reader.invalidate()  # closed, not pooled: whatever the query set or locked goes with it
+    refused, invalid = _check_staged(conn, check)
+    if refused and not skip_invalid:
+        raise _refuse_invalid("row", len(refused), invalid)
+    if refused:
+        conn.execute(DROP_STAGED, {"rows": refused})
     statement = text(NEW_RECIPIENTS.format(source=STAGED_QUERY, first=""))
     added = int(conn.execute(statement, {"id": campaign_id}).rowcount)
     conn.execute(text("DROP TABLE stage"))
-    return added
+    return AudienceImport(added, [], 0, [], len(refused), invalid)
+
+
+def _check_staged(
+    conn: Connection, check: RecipientCheck | None
+) -> tuple[list[int], list[Invalid]]:
+    """The staged rows whose recipient ``check`` refuses: their numbers, and the first few in
+    full. Read in one pass, ten thousand rows at a time."""
+    refused: list[int] = []
+    invalid: list[Invalid] = []
+    with db.driver(conn).cursor(name="staged_recipients") as cur:
+        cur.itersize = 10_000
+        cur.execute(STAGED_RECIPIENTS)
+        for row, recipient in cur:
+            reason = None if check is None else check(recipient)
+            if reason is not None:
+                refused.append(int(row))
+                if len(invalid) < INVALID_NAMED:
+                    invalid.append(Invalid(int(row), recipient, reason))
+    return refused, invalid
 
 
 def _refused(exc: psycopg.Error, timeout: float) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, text
 
+from notifier.db.content import TEMPLATES_OF, TemplateRow
 from notifier.db.sql import for_driver
 
 ENQUEUE = """
@@ -69,6 +70,17 @@ def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int
 def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
     """Cancel this row if it has not been sent; whether it was."""
     return _producer_execute(conn, CANCEL_BY_ID, {"id": row_id, "reason": reason}) is not None
+
+
+def templates_of(conn: ProducerConnection, name: str, channel: str) -> list[TemplateRow]:
+    """Every locale of one stored template, the dispatcher's query (``content.templates_of``)
+    on either kind of connection, so that a producer's row is checked against it."""
+    params = {"names": [name], "channels": [channel]}
+    if isinstance(conn, Connection):
+        return [TemplateRow(*row) for row in conn.execute(TEMPLATES_OF, params).all()]
+    with conn.cursor() as cur:
+        cur.execute(for_driver(str(TEMPLATES_OF)), params)
+        return [TemplateRow(*row) for row in cur.fetchall()]
 
 
 def _producer_execute(

@@ -132,25 +132,54 @@ class RowCheck:
             return Permanent(f"invalid notification: checking it raised {named(exc)}")
 
     def _checked(self, n: Notification) -> Result | None:
-        if n.defect is not None:
-            return Permanent(f"invalid notification: {n.defect}")
-        chain = self._chains.get(n.channel)
-        if not chain:
-            known = ", ".join(sorted(self._chains)) or "none"
-            return Permanent(f"unknown channel {n.channel!r}; this deployment serves: {known}")
-        provider = chain[0]
-        try:
-            if not isinstance(n.payload, dict):
-                raise InvalidNotification(
-                    f"payload must be a JSON object, not {type(n.payload).__name__}"
-                )
-            check_common(n, self.settings)
-            provider.validate(n)
-        except InvalidNotification as exc:
-            return Permanent(f"invalid notification: {exc}")
+        reason = row_problem(n, self._chains, self.settings)
+        if reason is not None:
+            return Permanent(reason)
         if n.expires_at is not None and self.clock() >= n.expires_at:
             return Cancelled("expired")
         return None
+
+
+def row_problem(
+    n: Notification, chains: Mapping[str, Sequence[Provider]], settings: Settings
+) -> str | None:
+    """Why the row can never be sent as written, as its ``last_error`` says it; ``None`` if it
+    may be: a defect found while reading it, an unknown channel, a payload that is not a JSON
+    object, the limits every row has (``check_common``), its provider's ``validate``. The
+    worker's check (``RowCheck``) and the one at the door (``notifier.delivery.intake``)."""
+    if n.defect is not None:
+        return f"invalid notification: {n.defect}"
+    chain = chains.get(n.channel)
+    if not chain:
+        return unknown_channel(n.channel, chains)
+    try:
+        if not isinstance(n.payload, dict):
+            raise InvalidNotification(
+                f"payload must be a JSON object, not {type(n.payload).__name__}"
+            )
+        check_common(n, settings)
+        chain[0].validate(n)
+    except InvalidNotification as exc:
+        return f"invalid notification: {exc}"
+    return None
+
+
+def unknown_channel(channel: str, chains: Mapping[str, Sequence[Provider]]) -> str:
+    known = ", ".join(sorted(chains)) or "none"
+    return f"unknown channel {channel!r}; this deployment serves: {known}"
+
+
+def recipient_problem(recipient: str, provider: Provider) -> str | None:
+    """Why no row to ``recipient`` can be sent through ``provider``, in the words of the row
+    check (without its ``invalid notification:``); ``None`` if one may be. The same checks
+    as ``row_problem``'s of the recipient: its length, then ``Provider.validate_recipient``."""
+    try:
+        if len(recipient) > MAX_RECIPIENT_LENGTH:
+            raise InvalidNotification(f"recipient is longer than {MAX_RECIPIENT_LENGTH} characters")
+        provider.validate_recipient(recipient)
+    except InvalidNotification as exc:
+        return str(exc)
+    return None
 
 
 def named(exc: BaseException) -> str:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -227,13 +227,11 @@ class Content:
                 continue
             found = templates.get(n.id)
             if found is not None:
-                try:
-                    if isinstance(found, str):
-                        raise TemplateProblem(found)
-                    n = render(found, n)
-                except TemplateProblem as exc:
-                    results[n.id] = Permanent(str(exc))
+                done = apply(found, n)
+                if isinstance(done, str):
+                    results[n.id] = Permanent(done)
                     continue
+                n = done
             ready.append(redirect(n, self.overrides) if self.overrides else n)
         return ready, results
 
@@ -271,10 +269,11 @@ class Content:
         chains: dict[int, list[str]] = {}
         found: dict[int, Compiled | str] = {}
         for n in rows:
-            try:
-                chains[n.id] = locale_chain(n.locale, self.default_locale)
-            except ValueError as exc:
-                found[n.id] = f"invalid notification: locale: {exc}"
+            chain = template_locales(n, self.default_locale)
+            if isinstance(chain, str):
+                found[n.id] = chain
+            else:
+                chains[n.id] = chain
 
         def cached(n: Notification) -> Compiled | None:
             entry = self._cache.get((n.template or "", n.channel))
@@ -292,17 +291,57 @@ class Content:
 
     def _read(self, conn: Connection, keys: set[tuple[str, str]], now: float) -> None:
         fresh = {key: _Cached(now, {}) for key in keys}
-        for row in content_db.templates_of(conn, keys):
-            locale = _stored_locale(row.locale)
-            fresh[(row.name, row.channel)].by_locale[locale] = compile_template(
-                row.name, row.channel, locale, row.subject, row.body, row.html
-            )
+        for key, by_locale in versions(content_db.templates_of(conn, keys)).items():
+            fresh[key].by_locale.update(by_locale)
         self._cache = {
             key: entry
             for key, entry in self._cache.items()
             if now - entry.read_at < self.cache_seconds
         }
         self._cache.update(fresh)
+
+
+def template_locales(n: Notification, default: str) -> list[str] | str:
+    """The locales to look for the row's template in (``locale_chain``), or why there are
+    none, as the row's ``last_error``."""
+    try:
+        return locale_chain(n.locale, default)
+    except ValueError as exc:
+        return f"invalid notification: locale: {exc}"
+
+
+def versions(rows: Iterable[content_db.TemplateRow]) -> dict[tuple[str, str], dict[str, Compiled]]:
+    """Stored templates compiled, by (name, channel) and then by locale."""
+    found: dict[tuple[str, str], dict[str, Compiled]] = {}
+    for row in rows:
+        locale = _stored_locale(row.locale)
+        found.setdefault((row.name, row.channel), {})[locale] = compile_template(
+            row.name, row.channel, locale, row.subject, row.body, row.html
+        )
+    return found
+
+
+def template_of(
+    n: Notification, rows: Iterable[content_db.TemplateRow], default: str
+) -> Compiled | str:
+    """The template version a worker would render ``n`` with, from the stored ``rows`` of its
+    template (every locale), or why there is none, as the row's ``last_error``."""
+    chain = template_locales(n, default)
+    if isinstance(chain, str):
+        return chain
+    by_locale = versions(rows).get((n.template or "", n.channel), {})
+    return next((by_locale[c] for c in chain if c in by_locale), None) or _no_template(n, chain)
+
+
+def apply(found: Compiled | str, n: Notification) -> Notification | str:
+    """``n`` rendered with the template ``found`` for it, or why it cannot be, as the row's
+    ``last_error``: what ``prepare`` does with each templated row."""
+    if isinstance(found, str):
+        return found
+    try:
+        return render(found, n)
+    except TemplateProblem as exc:
+        return str(exc)
 
 
 def _no_template(n: Notification, chain: list[str]) -> str:

@@ -92,6 +92,11 @@ class Provider:
     def validate(self, notification: Notification) -> None:
         """Raise ``InvalidNotification`` if the row can never be sent as written."""
 
+    def validate_recipient(self, recipient: str) -> None:
+        """Raise ``InvalidNotification`` if no row to ``recipient`` can ever be sent: the part
+        of ``validate`` that reads the recipient alone (which ``validate`` runs first), so that
+        a campaign's audience is checked line by line at import. Nothing by default."""
+
     def send(self, notification: Notification) -> Outcome:
         raise NotImplementedError
 

@@ -86,7 +86,25 @@ class EmailProvider(Provider):
     # -- Provider --------------------------------------------------------------------------------
 
     def validate(self, notification: Notification) -> None:
-        recipient, subject = notification.recipient, notification.subject
+        self.validate_recipient(notification.recipient)
+        subject = notification.subject
+        if subject is not None:
+            check_text("subject", subject)
+            if len(subject) > 998:
+                raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
+        html = notification.payload.get("html")
+        if html is not None and not isinstance(html, str):
+            raise InvalidNotification(
+                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
+            )
+        _check_headers(notification.payload.get("headers"))
+
+    def validate_recipient(self, recipient: str) -> None:
+        # An address the pattern takes passes every check before it (no space, line break,
+        # list or display name can match): only its domain is left, and most are.
+        if len(recipient) <= 254 and _ADDRESS.fullmatch(recipient):
+            self._check_domain(recipient)
+            return
         shown = repr(recipient[:100])
         if not recipient.strip():
             raise InvalidNotification("recipient is empty; give the email address to send to")
@@ -103,21 +121,15 @@ class EmailProvider(Provider):
                 f"recipient {shown} is not a plain ASCII email address like 'ada@example.com' "
                 "(give an internationalised domain in punycode)"
             )
+
+    @staticmethod
+    def _check_domain(recipient: str) -> None:
         domain_problem = hostname.problem(recipient.rpartition("@")[2])
         if domain_problem is not None:
             raise InvalidNotification(
-                f"recipient {shown} is not a valid email address: its domain {domain_problem}"
+                f"recipient {recipient[:100]!r} is not a valid email address: its domain"
+                f" {domain_problem}"
             )
-        if subject is not None:
-            check_text("subject", subject)
-            if len(subject) > 998:
-                raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
-        html = notification.payload.get("html")
-        if html is not None and not isinstance(html, str):
-            raise InvalidNotification(
-                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
-            )
-        _check_headers(notification.payload.get("headers"))
 
     def send(self, notification: Notification) -> Outcome:
         message_id = f"<notification-{notification.id}@{self._domain}>"

@@ -19,6 +19,7 @@ Names are checked in their ASCII form: a webhook host as the client will send it
 
 from __future__ import annotations
 
+import functools
 import re
 from encodings import idna as idna2003
 
@@ -30,9 +31,14 @@ _LDH = re.compile(r"[a-z0-9-]+")
 _LDH_UNDERSCORE = re.compile(r"[a-z0-9_-]+")
 
 
+#: Names whose answer is kept: an audience's million addresses share a few hundred domains.
+CACHED_NAMES = 4096
+
+
+@functools.lru_cache(maxsize=CACHED_NAMES)
 def problem(name: str, underscore: bool = False) -> str | None:
     """Why ``name`` (a host name, not an IP literal) can never be resolved, as the end of a
-    sentence ("... is empty"); None when it may be."""
+    sentence ("... is empty"); None when it may be. Answers for recent names are kept."""
     bare = name.removesuffix(".")
     if not bare:
         return "is empty"

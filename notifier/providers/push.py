@@ -130,17 +130,7 @@ class PushProvider(Provider):
         self._send_url = ""
 
     def validate(self, notification: Notification) -> None:
-        token = notification.recipient
-        if not token.strip():
-            raise InvalidNotification("recipient is empty; put the device's FCM token there")
-        if any(c.isspace() or not c.isprintable() for c in token):
-            raise InvalidNotification(
-                "recipient (an FCM registration token) contains whitespace or control characters"
-            )
-        if len(token) > MAX_TOKEN_LENGTH:
-            raise InvalidNotification(
-                f"recipient is {len(token)} characters; an FCM token is at most {MAX_TOKEN_LENGTH}"
-            )
+        self.validate_recipient(notification.recipient)
         if not notification.subject and not notification.body:
             raise InvalidNotification(
                 "a push needs a subject (its title) or a body; both are empty"
@@ -155,6 +145,18 @@ class PushProvider(Provider):
                     f"payload.{key} must be a string for push data; FCM data values are strings "
                     f"(got {type(value).__name__})"
                 )
+
+    def validate_recipient(self, token: str) -> None:
+        if not token.strip():
+            raise InvalidNotification("recipient is empty; put the device's FCM token there")
+        if any(c.isspace() or not c.isprintable() for c in token):
+            raise InvalidNotification(
+                "recipient (an FCM registration token) contains whitespace or control characters"
+            )
+        if len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidNotification(
+                f"recipient is {len(token)} characters; an FCM token is at most {MAX_TOKEN_LENGTH}"
+            )
 
     def problem(self) -> str | None:
         if self._settings.fcm_credentials_file is None:

@@ -76,17 +76,20 @@ class SmsProvider(Provider):
         ``subject`` is ignored: an SMS has none. Newlines in the body are fine. Settings are not
         checked here: a deployment's mistake must not make the producer's rows ``dead``.
         """
-        recipient, body = notification.recipient, notification.body
-        if not _E164.fullmatch(recipient):
-            raise InvalidNotification(
-                f"recipient {recipient[:100]!r} is not an E.164 phone number like +14155550100 "
-                "('+', country code, number; digits only, no spaces or dashes)"
-            )
+        self.validate_recipient(notification.recipient)
+        body = notification.body
         if body is None or not body.strip():
             raise InvalidNotification("body is empty; put the text of the SMS there")
         if len(body) > MAX_BODY_CHARS:
             raise InvalidNotification(
                 f"body is {len(body)} characters; Twilio sends at most {MAX_BODY_CHARS}"
+            )
+
+    def validate_recipient(self, recipient: str) -> None:
+        if not _E164.fullmatch(recipient):
+            raise InvalidNotification(
+                f"recipient {recipient[:100]!r} is not an E.164 phone number like +14155550100 "
+                "('+', country code, number; digits only, no spaces or dashes)"
             )
 
     def send(self, notification: Notification) -> Outcome:

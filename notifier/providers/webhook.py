@@ -160,7 +160,14 @@ class WebhookProvider(Provider):
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def validate(self, notification: Notification) -> None:
-        url = notification.recipient
+        self.validate_recipient(notification.recipient)
+        try:
+            self._body(notification)
+        except (TypeError, ValueError) as exc:
+            raise InvalidNotification(f"payload is not JSON-serializable: {exc}") from None
+
+    def validate_recipient(self, url: str) -> None:
+        """The URL alone, without any lookup: its host's addresses are checked when sending."""
         if not url.strip():
             raise InvalidNotification("recipient is empty; put the https:// URL to POST to there")
         if len(url) > MAX_URL_LENGTH:
@@ -207,10 +214,6 @@ class WebhookProvider(Provider):
                     f"recipient URL host {truncate(raw_host, 100)!r} can never be looked up: it "
                     + name_problem
                 )
-        try:
-            self._body(notification)
-        except (TypeError, ValueError) as exc:
-            raise InvalidNotification(f"payload is not JSON-serializable: {exc}") from None
 
     def throttle_scope(self, notification: Notification) -> str | None:
         """The receiver a row goes to: a 429 holds back that receiver (``receiver_scope``)."""

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import notifier
+from notifier.db.content import upsert_template
 
 
 def _count(engine: Engine) -> int:
@@ -87,6 +88,7 @@ def test_send_at_in_the_past_is_due_now(engine: Engine) -> None:
 
 def test_a_templated_row_carries_its_template_and_locale(engine: Engine) -> None:
     with engine.begin() as conn:
+        upsert_template(conn, "welcome", "email", "de", ("Hallo {{ first_name }}", "...", None))
         notifier.enqueue(
             conn,
             channel="email",
