@@ -196,7 +196,7 @@ def stack(container_engine: None, tmp_path_factory: pytest.TempPathFactory) -> I
         saved.write_text(logs)
         print(f"compose logs: {saved}")
         s.compose("down", "-v", "--remove-orphans", "--timeout", "30", check=False)
-        _run(["docker", "rmi", f"notifier:{IMAGE_TAG}", f"notifier-test-receivers:{IMAGE_TAG}"])
+        _run(["docker", "rmi", f"notifier:{IMAGE_TAG}", f"notifier-devservers:{IMAGE_TAG}"])
 
 
 def test_migrate_ran_once_and_reruns_harmlessly(stack: Stack) -> None:
