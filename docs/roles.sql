@@ -1,6 +1,6 @@
 -- Logins for notifier's database roles. Run as an administrator after `notifier migrate`,
 -- which creates the four group roles (NOLOGIN) and grants them their privileges in the
--- database it migrates (see README, "Database roles"). Replace the names and passwords.
+-- database it migrates (see docs/database-roles.md). Replace the names and passwords.
 
 -- A service that writes notifications (INSERT by the producer contract, cancel by key or id).
 CREATE ROLE billing_service LOGIN PASSWORD 'change me' IN ROLE notifier_producer;

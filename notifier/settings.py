@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     expected_workers: int = Field(1, gt=0, le=10_000)
     """Worker containers (or machines) running at once, a rolling restart's extra included: a
     worker refuses to start when that many could open more PostgreSQL connections than the
-    server allows (see the README's connection budget)."""
+    server allows (see docs/production.md, "Connection budget")."""
 
     retry_base_seconds: float = Field(30.0, gt=0)
     """Delay before the second attempt; it doubles for every attempt after that."""
@@ -155,7 +155,7 @@ class Settings(BaseSettings):
 
     status_webhook_url: str | None = None
     """Where notifier POSTs an event each time a row reaches a final status or a delivery state
-    (README "Delivery feedback"); unset: no events are written at all."""
+    (docs/delivery-feedback.md); unset: no events are written at all."""
 
     status_webhook_secret: str | None = None
     """Signs the status webhook's requests as ``NOTIFIER_WEBHOOK_SECRET`` signs webhooks."""

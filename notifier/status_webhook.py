@@ -106,7 +106,7 @@ def configure(engine: Engine, settings: Settings) -> bool:
 
 
 def body(events: Sequence[Event]) -> bytes:
-    """The JSON document POSTed for some events (README "Delivery feedback")."""
+    """The JSON document POSTed for some events (docs/delivery-feedback.md)."""
     return json.dumps({"events": [_document(e) for e in events]}, separators=(",", ":")).encode()
 
 

@@ -57,7 +57,7 @@ SMS, push or webhook: it retries transient failures with backoff, gives up on th
 can never work with a reason, and sends nothing twice. Celery workers do the sending; these
 commands are for the people who run it.
 
-Settings are NOTIFIER_* environment variables (README, "Configuration"); a misspelt one
+Settings are NOTIFIER_* environment variables (docs/configuration.md); a misspelt one
 stops every command with exit status 2, naming it.
 
 \b
@@ -74,7 +74,7 @@ Exit statuses:
 one JSON document on stdout with the same data.
 
 \b
-Tab completion: add to ~/.bashrc (zsh and fish: README, "Operations")
+Tab completion: add to ~/.bashrc (zsh and fish: docs/operations.md)
   eval "$(_NOTIFIER_COMPLETE=bash_source notifier)"
 """
 

@@ -2,7 +2,7 @@
 
 Each test first proves its fault happened (the process is gone, rows were in flight, the
 database's start time moved, the hanging server holds the connection), then that the Guarantees
-in the README held: nothing lost, and a second send only in the counted crash window.
+in docs/guarantees.md held: nothing lost, and a second send only in the counted crash window.
 
 Deliveries go to a real HTTP receiver on loopback that records every request's ``webhook-id``
 as it arrives. Each test prints one summary line; with ``NOTIFIER_FAULT_REPORT`` set, the

@@ -1,6 +1,6 @@
 """The production stack for real: docker-compose.yml built, brought up and used like an operator.
 
-The steps are the README's "Running in production": build the image, ``up -d --wait``, rows
+The steps are docs/production.md's: build the image, ``up -d --wait``, rows
 INSERTed by plain SQL, ``--scale worker=3``, a worker killed mid-drain, ``down`` then ``up``.
 tests/compose/compose.override.yml adds a mail catcher and a webhook receiver. Everything runs
 under a compose project of its own and is removed at the end (``down -v``), also on failure.
@@ -196,7 +196,7 @@ def stack(container_engine: None, tmp_path_factory: pytest.TempPathFactory) -> I
         saved.write_text(logs)
         print(f"compose logs: {saved}")
         s.compose("down", "-v", "--remove-orphans", "--timeout", "30", check=False)
-        _run(["docker", "rmi", f"notifier:{IMAGE_TAG}", f"notifier-test-receivers:{IMAGE_TAG}"])
+        _run(["docker", "rmi", f"notifier:{IMAGE_TAG}", f"notifier-devservers:{IMAGE_TAG}"])
 
 
 def test_migrate_ran_once_and_reruns_harmlessly(stack: Stack) -> None:
@@ -322,7 +322,7 @@ def test_three_workers_drain_and_a_killed_one_loses_nothing(stack: Stack) -> Non
     deliveries = Counter(h["id"] for h in stack.received("webhooks") if h["path"] == "/slow")
     assert len(deliveries) == DRAIN_ROWS
     duplicated = {i for i, n in deliveries.items() if n > 1}
-    # A second delivery is only allowed in the two windows the README's Guarantees name: a row
+    # A second delivery is only allowed in the two windows docs/guarantees.md names: a row
     # taken back from the killed worker (rescues > 0), or an answer lost on the network and the
     # row retried (attempts > 1).
     windows = dict(

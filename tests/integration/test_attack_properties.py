@@ -1,7 +1,7 @@
 """Attack by generation: hostile rows and hostile receivers, mixed with good rows, drained by the
 real dispatcher against the real database, real webhook receivers and a real SMTP server.
 
-For every generated mix the invariants of the README's "Guarantees" must hold:
+For every generated mix the invariants of docs/guarantees.md must hold:
 
 * the dispatcher never raises;
 * every good row is sent exactly once, in the first batch: no hostile row holds one back;
@@ -54,7 +54,7 @@ EMAIL_HEADERS = {
     "content-type",
     "content-transfer-encoding",
     "reply-to",
-    # what delivery reports come back by (README "Delivery feedback")
+    # what delivery reports come back by (docs/delivery-feedback.md)
     "x-notifier-id",
     "x-mailgun-variables",
     "x-smtpapi",

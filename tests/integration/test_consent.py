@@ -89,7 +89,7 @@ def test_a_producer_cannot_delete_suppressions_and_lifts_only_opt_outs(
         " ('email', 'bob@example.com', 'hard bounce (ses: 550 5.1.1)', 'bounce')",
     )
     with psycopg.connect(login("notifier_producer")) as conn:
-        # The README's plain SQL keeps working, and means every category.
+        # docs/suppressions.md's plain SQL keeps working, and means every category.
         for _ in range(2):
             conn.execute(
                 "INSERT INTO suppressions (channel, recipient, reason)"

@@ -1,4 +1,4 @@
-"""The role matrix of README "Database roles", cell by cell, against real LOGIN users.
+"""The role matrix of docs/database-roles.md, cell by cell, against real LOGIN users.
 
 Each case logs in as a new LOGIN user in one group role, as a deployment would
 (docs/roles.sql), does one thing and checks that it took effect or was refused: ``permission

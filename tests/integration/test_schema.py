@@ -111,7 +111,7 @@ def test_producer_contract_defaults(engine: Engine) -> None:
 def test_migrate_rolls_back_to_a_revision_and_forward_again(
     engine: Engine, database_url: str
 ) -> None:
-    """``notifier migrate --down-to`` is the rollback the README gives; ``migrate`` undoes it."""
+    """``notifier migrate --down-to`` is docs/production.md's rollback; ``migrate`` undoes it."""
 
     def version_and_workers_table() -> tuple[str, bool]:
         with engine.connect() as conn:

@@ -38,7 +38,7 @@ SECRET = "whsec_" + base64.b64encode(b"status-webhook-test-key-32-bytes").decode
 
 
 def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
-    """The README's verification, as a producer would run it."""
+    """docs/delivery-feedback.md's verification, as a producer would run it."""
     key = (
         base64.b64decode(secret.removeprefix("whsec_"))
         if secret.startswith("whsec_")
