@@ -35,11 +35,15 @@ class Logins:
         """The SQLAlchemy URL that logs in as ``user``."""
         return make_url(self.database_url).set(username=user).render_as_string(hide_password=False)
 
+    def dsn(self, user: str) -> str:
+        """The psycopg connection string that logs in as ``user``."""
+        dsn = make_url(self.url(user)).set(drivername="postgresql")
+        return dsn.render_as_string(hide_password=False)
+
     def connect(self, user: str, **options: str) -> psycopg.Connection[tuple[object, ...]]:
         """A psycopg connection as ``user``; ``options`` are settings for the session."""
-        dsn = make_url(self.url(user)).set(drivername="postgresql")
         settings = " ".join(f"-c {name}={value}" for name, value in options.items())
-        return psycopg.connect(dsn.render_as_string(hide_password=False), options=settings)
+        return psycopg.connect(self.dsn(user), options=settings)
 
     def drop(self) -> None:
         with self.engine.begin() as conn:

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from notifier import client
@@ -27,6 +26,7 @@ from notifier.models import Notification
 from notifier.settings import Settings
 from notifier.specs import parse_category
 from tests.migrations import migrate
+from tests.roles import Logins
 
 ANN = "ann@example.com"
 
@@ -34,25 +34,9 @@ ANN = "ann@example.com"
 @pytest.fixture
 def login(engine: Engine, database_url: str) -> Iterator[Callable[[str], str]]:
     """A LOGIN user in a group role, as a deployment makes one; its psycopg DSN."""
-    users: list[str] = []
-
-    def make(group: str) -> str:
-        user = f"notifier_test_{uuid.uuid4().hex[:10]}_{group.removeprefix('notifier_')}"
-        with engine.begin() as conn:
-            conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {group}"))
-        users.append(user)
-        url = make_url(database_url).set(username=user, drivername="postgresql")
-        return url.render_as_string(hide_password=False)
-
-    yield make
-    with engine.begin() as conn:
-        for user in users:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :u"),
-                {"u": user},
-            )
-            conn.execute(text(f"DROP OWNED BY {user}"))
-            conn.execute(text(f"DROP ROLE {user}"))
+    made = Logins(engine, database_url)
+    yield lambda group: made.dsn(made.make(group))
+    made.drop()
 
 
 def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...]]:

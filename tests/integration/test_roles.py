@@ -8,7 +8,6 @@ test and they are dropped afterwards.
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from notifier.providers import registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings
 from tests.factories import SetEnv
+from tests.roles import Logins
 
 GROUPS = ("notifier_producer", "notifier_worker", "notifier_operator", "notifier_audience")
 REFUSED = "grant notifier_audience SELECT on the tables your audience query reads"
@@ -36,24 +36,9 @@ REFUSED = "grant notifier_audience SELECT on the tables your audience query read
 @pytest.fixture
 def login(engine: Engine, database_url: str) -> Iterator[Callable[[str], str]]:
     """Makes a LOGIN user in a group role; returns the database URL that logs in as it."""
-    users: list[str] = []
-
-    def make(group: str) -> str:
-        user = f"notifier_test_{uuid.uuid4().hex[:10]}_{group.removeprefix('notifier_')}"
-        with engine.begin() as conn:
-            conn.execute(text(f"CREATE ROLE {user} LOGIN IN ROLE {group}"))
-        users.append(user)
-        return make_url(database_url).set(username=user).render_as_string(hide_password=False)
-
-    yield make
-    with engine.begin() as conn:
-        for user in users:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :u"),
-                {"u": user},
-            )
-            conn.execute(text(f"DROP OWNED BY {user}"))
-            conn.execute(text(f"DROP ROLE {user}"))
+    made = Logins(engine, database_url)
+    yield lambda group: made.url(made.make(group))
+    made.drop()
 
 
 def _dsn(url: str) -> str:
