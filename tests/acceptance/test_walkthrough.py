@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +44,10 @@ def walkthrough() -> list[tuple[str, str]]:
     return [(m["title"], m["body"]) for m in BLOCK.finditer((REPO / "README.md").read_text())]
 
 
+#: (ports, the second terminal's environment, the settings scripts/dev writes into .dev.env)
+Dev = tuple[dict[str, int], dict[str, str], dict[str, str]]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,10 +67,16 @@ def get(url: str) -> tuple[int, bytes]:
 class Terminal:
     """The second terminal: bash in a folder with this run's .venv, the user's environment."""
 
-    def __init__(self, home: Path, env: dict[str, str], setup: str) -> None:
+    def __init__(
+        self, home: Path, env: dict[str, str], dev_env: dict[str, str], setup: str
+    ) -> None:
         self.cwd = home / "checkout"
         self.cwd.mkdir()
         (self.cwd / ".venv").symlink_to(Path(sys.prefix))
+        # What scripts/dev writes at start: the settings its worker runs with.
+        (self.cwd / ".dev.env").write_text(
+            "".join(f"export {name}={shlex.quote(value)}\n" for name, value in dev_env.items())
+        )
         self.env = env
         self.setup = setup
 
@@ -87,15 +98,18 @@ class Terminal:
 
 
 @pytest.fixture
-def dev(services: Services, tmp_path: Path) -> Iterator[tuple[dict[str, int], dict[str, str]]]:
-    """What ``scripts/dev --webhooks --guard`` runs, on free ports: yields (ports, user env)."""
+def dev(services: Services, tmp_path: Path) -> Iterator[Dev]:
+    """What ``scripts/dev --webhooks --guard`` runs, on free ports: yields (ports, user env,
+    the settings scripts/dev writes into .dev.env)."""
     ports = {"hooks": free_port(), "guard": free_port(), "console": free_port()}
-    services.env.update(
-        NOTIFIER_WEBHOOK_ALLOW_HTTP="true",
-        NOTIFIER_WEBHOOK_ALLOWED_NETWORKS="127.0.0.0/8,::1/128",
-        NOTIFIER_GUARD_HTTP_URL=f"http://127.0.0.1:{ports['guard']}/check",
-        NOTIFIER_DISPATCH_INTERVAL="5",
-    )
+    dev_env = {
+        "NOTIFIER_DATABASE_URL": services.env["NOTIFIER_DATABASE_URL"],
+        "NOTIFIER_REDIS_URL": services.env["NOTIFIER_REDIS_URL"],
+        "NOTIFIER_WEBHOOK_ALLOW_HTTP": "true",
+        "NOTIFIER_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+        "NOTIFIER_GUARD_HTTP_URL": f"http://127.0.0.1:{ports['guard']}/check",
+    }
+    services.env.update(dev_env, NOTIFIER_DISPATCH_INTERVAL="5")
     servers = [
         subprocess.Popen(
             [sys.executable, "scripts/devservers.py", role, "--port", str(ports[name])],
@@ -115,13 +129,11 @@ def dev(services: Services, tmp_path: Path) -> Iterator[tuple[dict[str, int], di
         path = os.environ["PATH"].split(os.pathsep)
         user["PATH"] = os.pathsep.join(d for d in path if not (Path(d) / "notifier").exists())
         user.update(
-            NOTIFIER_DATABASE_URL=services.env["NOTIFIER_DATABASE_URL"],
-            NOTIFIER_REDIS_URL=services.env["NOTIFIER_REDIS_URL"],
             NOTIFIER_CONSOLE_PORT=str(ports["console"]),
             DEV_WEBHOOKS_PORT=str(ports["hooks"]),
             DEV_GUARD_PORT=str(ports["guard"]),
         )
-        yield ports, user
+        yield ports, user, dev_env
     finally:
         for server in servers:
             os.killpg(server.pid, signal.SIGTERM)
@@ -138,12 +150,12 @@ def row(engine: Engine, where: str, **params: object) -> dict[str, object]:
 
 @pytest.mark.timeout(600)
 def test_the_walkthrough_works_as_written(
-    dev: tuple[dict[str, int], dict[str, str]],
+    dev: Dev,
     smtp_sink: SmtpSink,
     engine: Engine,
     tmp_path: Path,
 ) -> None:
-    ports, env = dev
+    ports, env, dev_env = dev
     blocks = walkthrough()
     titles = [title for title, _ in blocks]
     assert titles == [
@@ -157,7 +169,8 @@ def test_the_walkthrough_works_as_written(
     ]
     (_, setup), *steps = blocks
     assert "source .venv/bin/activate" in setup
-    terminal = Terminal(tmp_path, env, setup)
+    assert "source .dev.env" in setup
+    terminal = Terminal(tmp_path, env, dev_env, setup)
     by_title = dict(steps)
 
     terminal.run("an email", by_title["an email"])
