@@ -6,7 +6,8 @@ encryption under a key derived from ``NOTIFIER_UNSUBSCRIBE_SECRET`` (HKDF-SHA256
 random nonce, ``base64url(nonce || ciphertext || tag)``. Without the secret no token can be
 made, read or changed into another. The recipient is sealed as the row has it: the opt-out it
 becomes is stored by the suppression list's one rule (``suppression_recipient``), as the row is
-looked up. A message without a category is transactional and carries no token.
+looked up. A row without a category that asks for a link (``payload.unsubscribe``) gets one
+with an empty category, which opts out of everything, as every link did before categories.
 
 Tokens of the earlier form (``base64url(channel NUL recipient NUL campaign) "." base64url(
 HMAC-SHA256)``) are still in mailboxes and keep working: they came only from campaigns and
@@ -93,7 +94,8 @@ def read_token(secret: str, token: str) -> Subscription | None:
     except InvalidTag:
         return None
     parts = payload.decode("utf-8", "replace").split("\0")
-    return Subscription(*parts) if len(parts) == 3 and all(parts) else None
+    # An empty category: the link of a message without one, which opts out of everything.
+    return Subscription(*parts) if len(parts) == 3 and all(parts[:2]) else None
 
 
 def _read_legacy(secret: str, token: str) -> Subscription | None:
@@ -114,13 +116,14 @@ def _read_legacy(secret: str, token: str) -> Subscription | None:
 def headers(
     settings: Settings, channel: str, recipient: str, category: str | None
 ) -> dict[str, str]:
-    """The List-Unsubscribe headers for a message of ``category``; none for a transactional
-    message (no category), or when the deployment has no ``NOTIFIER_EVENTS_PUBLIC_URL`` and
-    ``NOTIFIER_UNSUBSCRIBE_SECRET`` to offer them with."""
+    """The List-Unsubscribe headers for a message of ``category``, whose link opts out of that
+    category; for a message without one (a row that asked with ``payload.unsubscribe``), a link
+    that opts out of everything. None when the deployment has no ``NOTIFIER_EVENTS_PUBLIC_URL``
+    and ``NOTIFIER_UNSUBSCRIBE_SECRET`` to offer them with."""
     base, secret = settings.events_public_url, settings.unsubscribe_secret
-    if not base or not secret or not category:
+    if not base or not secret:
         return {}
-    token = make_token(secret, channel, recipient, category)
+    token = make_token(secret, channel, recipient, category or "")
     targets = [f"<{base.rstrip('/')}/u/{token}>"]
     if settings.unsubscribe_mailto:
         subject = quote(f"unsubscribe {token}")

@@ -142,7 +142,7 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
         if found is None:
             count("unsubscribe", "refused")
             return HTMLResponse(_page("This unsubscribe link is not valid."), status_code=403)
-        what = html.escape(found.category)
+        what = html.escape(found.category or "these")
         if request.method != "POST":  # GET, HEAD: a link checker's must not unsubscribe anybody
             button = (
                 '<form method="post"><input type="hidden" name="confirm" value="unsubscribe">'
@@ -154,7 +154,11 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
         if given not in UNSUBSCRIBE_FORMS:
             count("unsubscribe", "refused")
             return HTMLResponse(_page("Nothing was changed."), status_code=400)
-        reason = f"unsubscribed (one-click, {found.category})"
+        reason = (
+            f"unsubscribed (one-click, {found.category})"
+            if found.category
+            else ("unsubscribed (one-click)")
+        )
         await run_in_threadpool(
             applier.opt_out, found.channel, found.recipient, found.category, reason
         )

@@ -126,8 +126,12 @@ class Applier:
         return Applied(row.id if row is not None else None, advanced, suppressed)
 
     def opt_out(self, channel: str, recipient: str, category: str, reason: str) -> bool:
-        """Opt ``recipient`` out of ``category`` (a one-click unsubscribe); whether that is new."""
+        """Opt ``recipient`` out of ``category`` (a one-click unsubscribe), or of everything for
+        an empty one (the link of a row without a category that asked for one with
+        ``payload.unsubscribe``); whether that is new."""
         with self.engine.begin() as conn:
+            if not category:
+                return queries.suppress(conn, channel, recipient, truncate(reason), "opt-out")
             return queries.opt_out(conn, channel, recipient, category, truncate(reason))
 
     @staticmethod

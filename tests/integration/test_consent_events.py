@@ -221,6 +221,18 @@ def test_a_token_of_the_earlier_form_still_opts_out_of_marketing(
     ]
 
 
+def test_the_link_of_a_row_without_a_category_opts_out_of_everything(
+    endpoint: Endpoint, engine: Engine
+) -> None:
+    # A row that asked for a link with payload.unsubscribe and names no category.
+    token = unsubscribe.make_token(SECRET, "email", "ann@example.com", "")
+    url = f"{endpoint.url}/u/{token}"
+    assert "Stop these messages" in endpoint.client.get(url).text
+    assert endpoint.client.post(url, content=b"List-Unsubscribe=One-Click").status_code == 200
+    assert entries(engine) == [("email", "ann@example.com", None, "unsubscribed (one-click)")]
+    assert sql(engine, "SELECT kind FROM suppressions") == [("opt-out",)]
+
+
 def test_the_access_log_shows_no_token(endpoint: Endpoint) -> None:
     url = link(endpoint, "ann@example.com")
     token = url.rpartition("/")[2]

@@ -57,12 +57,17 @@ def test_any_body_is_read_as_a_form_or_refused_never_raises(body: bytes, kind: s
         assert b"One-Click" in body or b"unsubscribe" in body
 
 
-def test_a_transactional_message_gets_no_header() -> None:
+def test_a_message_without_a_category_gets_a_link_for_every_category() -> None:
     from notifier.settings import Settings
 
     s = Settings(events_public_url="https://e.example", unsubscribe_secret=SECRET)
-    assert unsubscribe.headers(s, "email", "a@example.com", None) == {}
-    assert "List-Unsubscribe" in unsubscribe.headers(s, "email", "a@example.com", "news")
+    for category, named in ((None, ""), ("news", "news")):
+        found = unsubscribe.headers(s, "email", "a@example.com", category)
+        token = found["List-Unsubscribe"].split("/u/")[1].split(">")[0]
+        subscription = unsubscribe.read_token(SECRET, token)
+        assert subscription is not None
+        assert subscription.category == named
+    assert unsubscribe.headers(Settings(), "email", "a@example.com", "news") == {}
 
 
 def test_the_access_log_keeps_no_unsubscribe_path() -> None:
