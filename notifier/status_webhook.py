@@ -30,9 +30,10 @@ Several events per request, because one POST per event cost a worker more than t
 reports (a busy drain's rate halved); a receiver stores a request's events together or answers
 an error for them all. Each event carries its own ``id`` the receiver deduplicates by: a retry
 may group events differently, so the request's ``webhook-id`` names only the request. Requests
-are signed like the ``webhook`` channel's (``notifier.providers.webhook``), with
-``NOTIFIER_STATUS_WEBHOOK_SECRET``. Delivery is at least once: an answer lost on the way, or a
-sender stopped between the POST and its record, sends the events again under the same ids.
+are signed like the ``webhook`` channel's (``notifier.signing``), with
+``NOTIFIER_STATUS_WEBHOOK_SECRET``, and POSTed by the same ``notifier.providers.http.post``.
+Delivery is at least once: an answer lost on the way, or a sender stopped between the POST and
+its record, sends the events again under the same ids.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ from notifier.db.status_events import Counts, Event
 from notifier.delivery.retry import RetryPolicy, next_attempt_at
 from notifier.models import truncate
 from notifier.providers.base import Outcome, Permanent, Retry, Sent
-from notifier.providers.webhook import post, signing_key
+from notifier.providers.http import post
 from notifier.settings import Settings, status_events
+from notifier.signing import signing_key
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,10 @@
-"""What the HTTP providers share: one blocking client for their send threads, and reading a
-``Retry-After``."""
+"""What the HTTP senders share: one blocking client for a provider's send threads, reading a
+``Retry-After``, and ``post``: one signed JSON POST on aiohttp whose answer becomes an outcome,
+for the ``webhook`` channel and the status webhook alike.
+
+``post`` never follows a redirect, so it cannot lead anywhere unchecked; a session that guards
+its addresses (``netguard``) makes a refused one a permanent failure.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+import aiohttp
 import httpx
+import yarl
+
+from notifier.models import truncate
+from notifier.providers.base import Outcome, Permanent, Retry, Sent
+from notifier.providers.netguard import BlockedAddress
+from notifier.signing import signed_headers
+
+ERROR_BODY_BYTES = 1024
 
 
 class SharedClient:
@@ -50,3 +64,88 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if at.tzinfo is None:  # "-0000" dates parse naive; HTTP-dates are always GMT
         at = at.replace(tzinfo=UTC)
     return max(0.0, (at - (now or datetime.now(UTC))).total_seconds())
+
+
+async def post(
+    session: aiohttp.ClientSession, url: yarl.URL, msg_id: str, body: bytes, key: bytes | None
+) -> Outcome:
+    """POST ``body``, signed, to ``url`` without following redirects; every failure becomes an
+    outcome, within the session's timeouts."""
+    host = _host_and_port(url)
+    headers = {
+        "Content-Type": "application/json",
+        "Accept-Encoding": "identity",  # the error text is read raw, never decompressed
+        **signed_headers(key, msg_id, body),
+    }
+    try:
+        request = session.post(url, data=body, headers=headers, allow_redirects=False)
+        async with request as response:
+            return await _outcome(response, msg_id, host, receiver_scope(url))
+    except BlockedAddress as exc:  # raised by the connection, before anything was sent
+        return Permanent(str(exc))
+    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
+        return Retry(_timed_out(exc, host, session.timeout))
+    except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 host: never called
+        return Permanent(truncate(f"recipient URL is malformed: {exc}"))
+    except aiohttp.ClientConnectorError as exc:  # DNS failures too
+        return Retry(truncate(f"ConnectError POSTing to {host}: {exc.strerror or exc}"))
+    except aiohttp.ClientResponseError as exc:  # not HTTP; its str() repeats the whole URL
+        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc.message}"))
+    except (aiohttp.ClientError, OSError) as exc:
+        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
+
+
+def _timed_out(exc: TimeoutError, host: str, timeouts: aiohttp.ClientTimeout) -> str:
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        kind = (
+            "ConnectTimeout" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "ReadTimeout"
+        )
+        return f"timed out ({kind}) after the {timeouts.connect:g}s limit POSTing to {host}"
+    return f"timed out (the whole send) after its {timeouts.total:g}s limit POSTing to {host}"
+
+
+async def _outcome(
+    response: aiohttp.ClientResponse, msg_id: str, host: str, scope: str | None
+) -> Outcome:
+    """What the receiver's answer means for the row."""
+    status = response.status
+    if 200 <= status < 300:
+        await _read_some(response)  # an exhausted small body lets the connection be reused
+        return Sent(msg_id)
+    if 300 <= status < 400:
+        location = response.headers.get("location", "nowhere")
+        return Permanent(
+            f"HTTP {status} redirect to {truncate(location, 200)}; redirects are "
+            "not followed, update the URL"
+        )
+    error = f"HTTP {status} from {host}: {truncate(await _read_some(response), 300)}"
+    if status in (408, 429) or status >= 500:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return Retry(error, retry_after, throttled=status == 429, scope=scope)
+    return Permanent(error)
+
+
+async def _read_some(response: aiohttp.ClientResponse) -> str:
+    """At most ``ERROR_BODY_BYTES`` of the body: enough to explain an error, bounded in size."""
+    chunks = bytearray()
+    while len(chunks) < ERROR_BODY_BYTES:
+        chunk = await response.content.read(ERROR_BODY_BYTES - len(chunks))
+        if not chunk:
+            break
+        chunks += chunk
+    return bytes(chunks).decode("utf-8", errors="replace")
+
+
+def receiver_scope(url: str | yarl.URL) -> str | None:
+    """``webhook:host:port`` of a receiver: a 429 holds back that receiver alone."""
+    try:
+        parsed = url if isinstance(url, yarl.URL) else yarl.URL(url)
+        return f"webhook:{(parsed.host or '').lower()}:{parsed.port}" if parsed.host else None
+    except ValueError:
+        return None
+
+
+def _host_and_port(url: yarl.URL) -> str:
+    """How errors name the target: host, and the port when the URL gives one."""
+    port = url.explicit_port
+    return (url.host or "") + (f":{port}" if port is not None else "")

@@ -1,8 +1,9 @@
 """The ``webhook`` channel: POST the notification as JSON to the URL in ``recipient``.
 
-Requests follow Standard Webhooks (standardwebhooks.com): ``webhook-id`` is stable across
+Requests follow Standard Webhooks (``notifier.signing``): ``webhook-id`` is stable across
 retries so receivers can drop duplicates, and with ``NOTIFIER_WEBHOOK_SECRET`` set every request
-carries ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``.
+carries ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``. The POST
+itself, and what its answer means, is ``notifier.providers.http.post``.
 
 Sends are coroutines (``send_async``, on aiohttp): the dispatcher runs many at once on the worker
 process's event loop, where a send waiting for its receiver costs almost nothing. The blocking
@@ -17,13 +18,8 @@ Redirects are never followed, so they cannot lead anywhere unchecked.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
 import ipaddress
 import json
-import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -35,19 +31,13 @@ import yarl
 from notifier import eventloop
 from notifier.models import Notification, truncate
 from notifier.providers import hostname
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
-from notifier.providers.http import parse_retry_after
-from notifier.providers.netguard import (
-    AddressPolicy,
-    BlockedAddress,
-    GuardedResolver,
-    guarded_socket,
-    legacy_ipv4,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider
+from notifier.providers.http import post, receiver_scope
+from notifier.providers.netguard import AddressPolicy, GuardedResolver, guarded_socket, legacy_ipv4
 from notifier.settings import Settings
+from notifier.signing import signing_key
 
 MAX_URL_LENGTH = 2048
-ERROR_BODY_BYTES = 1024
 #: Seconds an idle keep-alive connection is kept: shorter than most receivers' own idle
 #: timeout, so a receiver seldom closes a connection just as a send reuses it.
 KEEPALIVE_SECONDS = 5.0
@@ -65,70 +55,6 @@ def _user_agent() -> str:
         return f"notifier/{version('notifier')}"
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "notifier/unknown"
-
-
-def signing_key(secret: str, variable: str = "NOTIFIER_WEBHOOK_SECRET") -> bytes:
-    """Standard Webhooks secrets are ``whsec_`` + base64; any other string is used as is."""
-    if not secret.startswith("whsec_"):
-        return secret.encode()
-    try:
-        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
-    except binascii.Error:
-        # Say nothing about the value: this text ends up in logs.
-        raise ValueError(
-            f"{variable} starts with whsec_ but the rest is not valid base64"
-        ) from None
-
-
-def signed_headers(key: bytes | None, msg_id: str, body: bytes) -> dict[str, str]:
-    """A request's Standard Webhooks headers: ``webhook-id``, ``webhook-timestamp`` and, with a
-    key, ``webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``."""
-    timestamp = str(int(time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "Accept-Encoding": "identity",  # the error text is read raw, never decompressed
-        "webhook-id": msg_id,
-        "webhook-timestamp": timestamp,
-    }
-    if key is not None:
-        signed = f"{msg_id}.{timestamp}.".encode() + body
-        digest = hmac.new(key, signed, hashlib.sha256).digest()
-        headers["webhook-signature"] = "v1," + base64.b64encode(digest).decode()
-    return headers
-
-
-async def post(
-    session: aiohttp.ClientSession, url: yarl.URL, msg_id: str, body: bytes, key: bytes | None
-) -> Outcome:
-    """POST ``body``, signed, to ``url`` without following redirects; every failure becomes an
-    outcome, within the session's timeouts."""
-    host = _host_and_port(url)
-    headers = signed_headers(key, msg_id, body)
-    try:
-        request = session.post(url, data=body, headers=headers, allow_redirects=False)
-        async with request as response:
-            return await _outcome(response, msg_id, host, receiver_scope(url))
-    except BlockedAddress as exc:  # raised by the connection, before anything was sent
-        return Permanent(str(exc))
-    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
-        return Retry(_timed_out(exc, host, session.timeout))
-    except aiohttp.InvalidURL as exc:  # e.g. a legacy numeric IPv4 host: never called
-        return Permanent(truncate(f"recipient URL is malformed: {exc}"))
-    except aiohttp.ClientConnectorError as exc:  # DNS failures too
-        return Retry(truncate(f"ConnectError POSTing to {host}: {exc.strerror or exc}"))
-    except aiohttp.ClientResponseError as exc:  # not HTTP; its str() repeats the whole URL
-        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc.message}"))
-    except (aiohttp.ClientError, OSError) as exc:
-        return Retry(truncate(f"{type(exc).__name__} POSTing to {host}: {exc}"))
-
-
-def _timed_out(exc: TimeoutError, host: str, timeouts: aiohttp.ClientTimeout) -> str:
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        kind = (
-            "ConnectTimeout" if isinstance(exc, aiohttp.ConnectionTimeoutError) else "ReadTimeout"
-        )
-        return f"timed out ({kind}) after the {timeouts.connect:g}s limit POSTing to {host}"
-    return f"timed out (the whole send) after its {timeouts.total:g}s limit POSTing to {host}"
 
 
 class WebhookProvider(Provider):
@@ -294,56 +220,9 @@ class WebhookProvider(Provider):
         return json.dumps(document, separators=(",", ":")).encode()
 
 
-async def _outcome(
-    response: aiohttp.ClientResponse, msg_id: str, host: str, scope: str | None
-) -> Outcome:
-    """What the receiver's answer means for the row."""
-    status = response.status
-    if 200 <= status < 300:
-        await _read_some(response)  # an exhausted small body lets the connection be reused
-        return Sent(msg_id)
-    if 300 <= status < 400:
-        location = response.headers.get("location", "nowhere")
-        return Permanent(
-            f"HTTP {status} redirect to {truncate(location, 200)}; redirects are "
-            "not followed, update the URL"
-        )
-    error = f"HTTP {status} from {host}: {truncate(await _read_some(response), 300)}"
-    if status in (408, 429) or status >= 500:
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Retry(error, retry_after, throttled=status == 429, scope=scope)
-    return Permanent(error)
-
-
-async def _read_some(response: aiohttp.ClientResponse) -> str:
-    """At most ``ERROR_BODY_BYTES`` of the body: enough to explain an error, bounded in size."""
-    chunks = bytearray()
-    while len(chunks) < ERROR_BODY_BYTES:
-        chunk = await response.content.read(ERROR_BODY_BYTES - len(chunks))
-        if not chunk:
-            break
-        chunks += chunk
-    return bytes(chunks).decode("utf-8", errors="replace")
-
-
 def _is_ip_literal(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
         return False
     return True
-
-
-def receiver_scope(url: str | yarl.URL) -> str | None:
-    """``webhook:host:port`` of a receiver: a 429 holds back that receiver alone."""
-    try:
-        parsed = url if isinstance(url, yarl.URL) else yarl.URL(url)
-        return f"webhook:{(parsed.host or '').lower()}:{parsed.port}" if parsed.host else None
-    except ValueError:
-        return None
-
-
-def _host_and_port(url: yarl.URL) -> str:
-    """How errors name the target: host, and the port when the URL gives one."""
-    port = url.explicit_port
-    return (url.host or "") + (f":{port}" if port is not None else "")
