@@ -55,7 +55,6 @@ from notifier.providers import (
     chains,
 )
 from notifier.settings import Settings
-from notifier.specs import parse_failover
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,7 +121,7 @@ class Dispatcher:
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
         self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
-        self._chains = chains(registry, parse_failover(settings.failover))
+        self._chains = chains(registry, settings.failover)
         self._sender = Sender(self._chains, settings)
         self._check = RowCheck(self._chains, settings, clock)
         self._recorder = Recorder(engine, settings, self.worker, self.content)
