@@ -16,8 +16,8 @@ What it measures
 
     It prints p50/p95/p99/max in milliseconds (nearest-rank percentiles) and checks the
     targets below. Beat keeps its production interval (``NOTIFIER_DISPATCH_INTERVAL``, 30 s):
-    these latencies come from the wake-ups on insert (``notifier/wakeup.py``), and a row that a
-    missed wake-up leaves to beat shows up as an outlier of up to 30 s.
+    these latencies come from the wake-ups on insert (``notifier/worker/wakeup.py``), and a row
+    that a missed wake-up leaves to beat shows up as an outlier of up to 30 s.
 
 Targets
     * light load (null and webhook): p95 < 1000 ms;

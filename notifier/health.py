@@ -1,10 +1,10 @@
 """Health checks for operators and container healthchecks.
 
-Healthy means PostgreSQL and Redis answer, work is being claimed, and no row is held by a
-worker that has stopped (its heartbeat lapsed; see ``heartbeat``). Waiting work alone is no
-fault (a rate-limited campaign may wait for hours); waiting work that nobody has claimed for
-longer than a dispatch can take is. With a heartbeat file, the check is about one worker: a
-worker whose process is up but which no longer dispatches fails, not only a dead one.
+Healthy means PostgreSQL and Redis answer, work is being claimed, and no row is held by a worker
+that has stopped (its heartbeat lapsed; see ``notifier.worker.heartbeat``). Waiting work alone is no
+fault (a rate-limited campaign may wait for hours); waiting work that nobody has claimed for longer
+than a dispatch can take is. With a heartbeat file, the check is about one worker: a worker whose
+process is up but which no longer dispatches fails, not only a dead one.
 """
 
 from __future__ import annotations

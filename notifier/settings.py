@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from functools import lru_cache
-from ipaddress import IPv4Network, IPv6Network, ip_network
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from notifier.specs import (
+    STATUS_EVENTS,
     HostPattern,
+    User,
+    Window,
     normalize_locale,
     parse_failover,
     parse_hosts,
     parse_limits,
+    parse_networks,
     parse_overrides,
+    parse_status_events,
     parse_users,
 )
 
@@ -39,6 +44,15 @@ class SmtpTls(StrEnum):
     starttls = "starttls"
     #: TLS from the first byte (SMTPS, usually port 465)
     ssl = "ssl"
+
+
+def _parsed(parse: Callable[[str], Any]) -> BeforeValidator:
+    """Parse the environment's text with ``parse`` (``NoDecode`` keeps it from JSON), whose
+    ``ValueError`` names what it expects; a value given already parsed passes on."""
+    return BeforeValidator(lambda value: parse(value) if isinstance(value, str) else value)
+
+
+Networks = Annotated[list[IPv4Network | IPv6Network], NoDecode, _parsed(parse_networks)]
 
 
 #: Where a container gets its secret files (compose ``secrets:``, see docker-compose.yml): a
@@ -145,9 +159,7 @@ class Settings(BaseSettings):
     webhook_allow_http: bool = False
     """Accept plain ``http://`` webhook targets (local development and tests only)."""
 
-    webhook_allowed_networks: Annotated[list[IPv4Network | IPv6Network], NoDecode] = Field(
-        default_factory=list
-    )
+    webhook_allowed_networks: Networks = Field(default_factory=list)
     """Networks a webhook target may resolve to although they are internal (loopback, private,
     link-local, ...), as comma-separated CIDRs: ``10.20.0.0/16,fd00:1::/64``. Empty by default,
     so a producer cannot make notifier call the deployment's own services (SSRF); see
@@ -160,7 +172,9 @@ class Settings(BaseSettings):
     status_webhook_secret: str | None = None
     """Signs the status webhook's requests as ``NOTIFIER_WEBHOOK_SECRET`` signs webhooks."""
 
-    status_webhook_events: str = "sent,dead,cancelled,delivered,undelivered,bounced,complained"
+    status_webhook_events: Annotated[list[str], NoDecode, _parsed(parse_status_events)] = Field(
+        default_factory=lambda: list(STATUS_EVENTS)
+    )
     """The statuses and delivery states that make an event, comma-separated."""
 
     status_webhook_max_attempts: int = Field(30, gt=0)
@@ -202,32 +216,28 @@ class Settings(BaseSettings):
 
     default_locale: str = Field("en", min_length=1)
     """Locale of the templates a templated row falls back to when it names no locale, or when
-    neither its own (``de-AT``) nor its language's (``de``) exists; see ``notifier/content.py``."""
+    neither its own (``de-AT``) nor its language's (``de``) exists; see
+    ``notifier/delivery/prepare.py``."""
 
-    override_recipients: str = ""
+    override_recipients: Annotated[dict[str, str], NoDecode, _parsed(parse_overrides)] = Field(
+        default_factory=dict
+    )
     """Staging safety: ``email=qa@example.com;sms=+14155550100`` sends every message of those
     channels to that recipient instead of the row's, which stays in the database and reaches
     the provider as ``payload.original_recipient``. Empty (the default) in production."""
 
-    @field_validator("default_locale")
-    @classmethod
-    def _normalize_locale(cls, value: str) -> str:
-        return normalize_locale(value)
-
-    @field_validator("override_recipients")
-    @classmethod
-    def _parse_overrides(cls, value: str) -> str:
-        parse_overrides(value)  # refuse a malformed spec at start-up, not at the first send
-        return value
-
-    failover: str = ""
+    failover: Annotated[dict[str, list[str]], NoDecode, _parsed(parse_failover)] = Field(
+        default_factory=dict
+    )
     """Providers of a channel tried in order when one fails transiently, by provider name:
     ``email=email,email_backup;sms=sms,sms_backup``. A channel not named here is served by
     the provider named like it."""
 
-    rate_limits: str = ""
+    rate_limits: Annotated[dict[str, list[Window]], NoDecode, _parsed(parse_limits)] = Field(
+        default_factory=dict
+    )
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
-    (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/ratelimit.py``."""
+    (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/delivery/ratelimit.py``."""
 
     fcm_credentials_file: Path | None = None
     """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
@@ -315,7 +325,9 @@ class Settings(BaseSettings):
     heartbeat_file: Path = Path("/tmp/notifier-worker.heartbeat")  # noqa: S108 - a liveness mark
     """Touched by a worker at every dispatch; ``notifier health --worker`` reads its age."""
 
-    console_users: str = ""
+    console_users: Annotated[dict[str, User], NoDecode, _parsed(parse_users)] = Field(
+        default_factory=dict
+    )
     """Who may log in to ``notifier console``: ``name:hash:role`` entries separated by commas,
     role ``admin`` or ``viewer``, hashes from ``notifier console hash-password``. Empty: the
     console refuses to start."""
@@ -326,7 +338,9 @@ class Settings(BaseSettings):
     console_port: int = Field(8090, gt=0, lt=65536)
     """The port ``notifier console`` listens on."""
 
-    console_hosts: Annotated[list[HostPattern], NoDecode] = Field(default_factory=list)
+    console_hosts: Annotated[list[HostPattern], NoDecode, _parsed(parse_hosts)] = Field(
+        default_factory=list
+    )
     """The names the console answers for (the ``Host`` header), comma-separated ``host[:port]``
     entries: ``console.example.com``, ``127.0.0.1:8090``, ``[::1]``, ``*.example.com``; without
     a port, any port. Any other host gets 400 before anything else is read, so that a page of
@@ -340,9 +354,7 @@ class Settings(BaseSettings):
     proxy's ``X-Forwarded-Proto`` says it too). A form is accepted only from the origin of this
     scheme, an allowed host and its port; ``Origin: null`` never."""
 
-    console_trusted_proxies: Annotated[list[IPv4Network | IPv6Network], NoDecode] = Field(
-        default_factory=list
-    )
+    console_trusted_proxies: Networks = Field(default_factory=list)
     """Reverse proxies in front of the console (comma-separated addresses or CIDRs) whose
     ``X-Forwarded-For`` and ``X-Forwarded-Proto`` it believes, from those peers only. The client
     (whose failed logins are counted) is then the nearest address in ``X-Forwarded-For`` that
@@ -378,6 +390,11 @@ class Settings(BaseSettings):
         """A dispatch stops starting sends after its budget; this adds one send and a margin."""
         return self.dispatch_budget_seconds + self.longest_send_seconds + 30
 
+    @field_validator("default_locale")
+    @classmethod
+    def _normalize_locale(cls, value: str) -> str:
+        return normalize_locale(value)
+
     @field_validator("database_url")
     @classmethod
     def _use_psycopg3(cls, url: str) -> str:
@@ -388,66 +405,6 @@ class Settings(BaseSettings):
         if not url.startswith("postgresql+psycopg://"):
             raise ValueError("must be a postgresql:// or postgresql+psycopg:// URL")
         return url
-
-    @field_validator("failover")
-    @classmethod
-    def _parse_failover(cls, value: str) -> str:
-        parse_failover(value)
-        return value
-
-    @field_validator("rate_limits")
-    @classmethod
-    def _parse_rate_limits(cls, value: str) -> str:
-        parse_limits(value)  # refuse a malformed spec at start-up, not at the first send
-        return value
-
-    @field_validator("console_users")
-    @classmethod
-    def _parse_console_users(cls, value: str) -> str:
-        parse_users(value)
-        return value
-
-    @field_validator("status_webhook_events")
-    @classmethod
-    def _parse_status_events(cls, value: str) -> str:
-        unknown = set(status_events(value)) - STATUS_EVENTS
-        if unknown:
-            known = ", ".join(sorted(STATUS_EVENTS))
-            raise ValueError(f"unknown {', '.join(sorted(unknown))}; known: {known}")
-        return value
-
-    @field_validator("console_hosts", mode="before")
-    @classmethod
-    def _parse_console_hosts(cls, value: object) -> object:
-        return parse_hosts(value) if isinstance(value, str) else value
-
-    @field_validator("webhook_allowed_networks", "console_trusted_proxies", mode="before")
-    @classmethod
-    def _split_networks(cls, value: object) -> object:
-        """Read the environment's comma-separated list (``NoDecode`` keeps it from JSON)."""
-        if not isinstance(value, str):
-            return value
-        networks: list[IPv4Network | IPv6Network] = []
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            try:
-                networks.append(ip_network(item))
-            except ValueError as exc:
-                raise ValueError(
-                    f"{item!r} is not a network in CIDR notation like 10.0.0.0/8 or fd00::/8 "
-                    f"({exc})"
-                ) from None
-        return networks
-
-
-#: What ``status_webhook_events`` may name: the final statuses and the delivery states.
-STATUS_EVENTS = frozenset(
-    {"sent", "dead", "cancelled", "delivered", "undelivered", "bounced", "complained"}
-)
-
-
-def status_events(value: str) -> list[str]:
-    """``NOTIFIER_STATUS_WEBHOOK_EVENTS`` as a list."""
-    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 PREFIX = "NOTIFIER_"

@@ -1,6 +1,6 @@
 """The small grammars of notifier's settings, each parsed by one function that names what it
 expects when it refuses: failover chains, recipient overrides, rate windows, locales,
-categories, and the console's users and host names.
+categories, networks, the status webhook's events, and the console's users and host names.
 
 Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
 """
@@ -121,6 +121,33 @@ def parse_limits(text: str) -> dict[str, list[Window]]:
             raise ValueError(f"{part!r} is not provider=windows, e.g. email=100/s,20000/h")
         limits[provider.strip()] = [parse_window(w) for w in windows.split(",")]
     return limits
+
+
+def parse_networks(text: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``10.0.0.0/8,fd00::/8`` (comma-separated CIDRs; a plain address is one host) -> networks."""
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError as exc:
+            raise ValueError(
+                f"{item!r} is not a network in CIDR notation like 10.0.0.0/8 or fd00::/8 ({exc})"
+            ) from None
+    return networks
+
+
+#: What the status webhook may report: the final statuses and the delivery states.
+STATUS_EVENTS = ("sent", "dead", "cancelled", "delivered", "undelivered", "bounced", "complained")
+
+
+def parse_status_events(text: str) -> list[str]:
+    """``dead,bounced`` -> those names; a ``ValueError`` naming any that is no event."""
+    events = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = set(events) - set(STATUS_EVENTS)
+    if unknown:
+        known = ", ".join(sorted(STATUS_EVENTS))
+        raise ValueError(f"unknown {', '.join(sorted(unknown))}; known: {known}")
+    return events
 
 
 # --- the operators' console's users (NOTIFIER_CONSOLE_USERS) ----------------------------------

@@ -62,7 +62,7 @@ from notifier.delivery.retry import RetryPolicy, next_attempt_at
 from notifier.models import truncate
 from notifier.providers.base import Outcome, Permanent, Retry, Sent
 from notifier.providers.http import post
-from notifier.settings import Settings, status_events
+from notifier.settings import Settings
 from notifier.signing import signing_key
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Report:
 
 def wanted(settings: Settings) -> list[str]:
     """The states that make an event: ``NOTIFIER_STATUS_WEBHOOK_EVENTS``, none without a URL."""
-    return status_events(settings.status_webhook_events) if settings.status_webhook_url else []
+    return settings.status_webhook_events if settings.status_webhook_url else []
 
 
 def configure(engine: Engine, settings: Settings) -> bool:

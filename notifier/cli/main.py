@@ -1,6 +1,6 @@
 """The ``notifier`` command: its root, ``send``, ``migrate``, ``health``, ``metrics`` and
-``events``; the other command groups live beside it (``ops``, ``campaigns``, ``content``), and
-``console`` in ``notifier.console.command``.
+``events``; the other command groups live beside it (``ops``, ``campaigns``, ``content``,
+``console``).
 
 ``main`` runs it for the console script, ``python -m notifier.cli`` and the tests, and turns
 what went wrong into one line on stderr and an exit status (see ``notifier.cli.base``).
@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from notifier import client, db, health, logs, metrics
 from notifier.cli import campaigns as campaign_cli
+from notifier.cli import console as console_cli
 from notifier.cli import content as content_cli
 from notifier.cli import ops as ops_cli
 from notifier.cli import output, terminal
@@ -35,7 +36,6 @@ from notifier.cli.base import (
 )
 from notifier.cli.output import Table, Text
 from notifier.cli.parsing import DURATION, JSON_OBJECT, TIME
-from notifier.console import command as console_command
 from notifier.db import errors, migrate
 from notifier.providers import load_registry
 from notifier.settings import get_settings
@@ -387,7 +387,7 @@ for _command in (
     *ops_cli.COMMANDS,
     campaign_cli.campaign,
     *content_cli.COMMANDS,
-    console_command.command,
+    console_cli.command,
 ):
     cli.add_command(_command)
 

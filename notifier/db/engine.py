@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from notifier.settings import get_settings
 
 #: Connections an engine keeps open, and how many more it may open when they are all busy: the
-#: most one process's engine holds (counted in ``budget``).
+#: most one process's engine holds (counted in ``notifier.worker.budget``).
 POOL_SIZE, POOL_OVERFLOW = 2, 2
 
 

@@ -192,7 +192,7 @@ class ReadLimits:
 
         Well above ``max_payload_bytes``, since jsonb's binary form is larger than its JSON
         text for small values: a payload within the limit is always read, and the exact
-        measure is taken afterwards (``validation.payload_size``)."""
+        measure is taken afterwards (``notifier.delivery.checks.payload_size``)."""
         return 8 * self.max_payload_bytes + 1024
 
 

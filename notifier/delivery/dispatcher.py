@@ -13,7 +13,7 @@ The life of a batch:
    long as the limiter says, without using up their attempt.
 4. The rest pass their guard, if they name one, and are sent by their provider, several at a
    time, with no transaction open: many at once on the event loop for providers that can send
-   asynchronously (webhooks), a few at a time in threads for the others (see ``sending``).
+   asynchronously (webhooks), a few at a time in threads for the others (see ``sender``).
 5. ``outcomes.plan`` turns the answers into bulk writes, made in one transaction. A write that
    fails because the database went away is retried until it commits, so a send that happened is
    not forgotten.
@@ -55,7 +55,6 @@ from notifier.providers import (
     chains,
 )
 from notifier.settings import Settings
-from notifier.specs import parse_failover
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,7 +121,7 @@ class Dispatcher:
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
         self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
-        self._chains = chains(registry, parse_failover(settings.failover))
+        self._chains = chains(registry, settings.failover)
         self._sender = Sender(self._chains, settings)
         self._check = RowCheck(self._chains, settings, clock)
         self._recorder = Recorder(engine, settings, self.worker, self.content)
@@ -292,7 +291,7 @@ class Dispatcher:
         outcomes in small groups as they come (``RECORD_GROUP``, ``RECORD_WITHIN``).
 
         Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
-        start in waves as slots come free (``sending.Sender``); before a wave that starts more
+        start in waves as slots come free (``sender.Sender``); before a wave that starts more
         than ``RECHECK_AFTER`` seconds after the last look, its rows are looked at again, so a
         row cancelled (or its campaign paused) while its batch was sending is not sent. When
         stopping, past the deadline, or when the limiter cannot be asked (fail closed), the rows

@@ -33,7 +33,6 @@ from notifier.delivery.prepare import apply, template_of
 from notifier.models import DEDUPE_KEY_BYTES, Notification, truncate
 from notifier.providers import Registry, chains, load_registry
 from notifier.settings import Settings
-from notifier.specs import parse_failover
 
 #: A JSON text's escaped NUL (``\u0000``), which jsonb refuses; not an escaped backslash.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -66,7 +65,7 @@ class Intake:
         self.settings = settings
         self.registry = load_registry(settings) if registry is None else registry
         self.guards = guards_module.load_registry(settings) if guards is None else guards
-        self.chains = chains(self.registry, parse_failover(settings.failover))
+        self.chains = chains(self.registry, settings.failover)
 
     def refusal(self, n: Notification, templates: TemplateReader | None = None) -> str | None:
         """Why the would-be row ``n`` cannot be written, as one line: the ``last_error`` a

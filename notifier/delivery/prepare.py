@@ -58,7 +58,7 @@ from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import Notification, truncate
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
-from notifier.specs import normalize_locale, parse_overrides
+from notifier.specs import normalize_locale
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class Content:
     ) -> None:
         self.engine = engine
         self.default_locale = settings.default_locale
-        self.overrides = parse_overrides(settings.override_recipients)
+        self.overrides = settings.override_recipients
         self.cache_seconds = cache_seconds
         self.clock = clock
         self._cache: dict[tuple[str, str], _Cached] = {}

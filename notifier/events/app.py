@@ -21,7 +21,7 @@ signature or credentials, a stale timestamp, a replayed token, an unknown SNS to
 with its reason and counted in Redis (``notifier:metrics:events``, field ``provider|outcome``:
 ``refused``, ``applied``, ``unmatched``, ``unchanged``, ``mismatched``: a report naming another
 recipient than its row's), beside the workers' metrics. No access log line shows a token: ``/u/``
-paths are logged as ``/u/…`` (``notifier.logs.redact_unsubscribe_paths``). Verification and
+paths are logged as ``/u/…`` (``notifier.logs.redact_access_paths``). Verification and
 database work run in Starlette's thread pool: the database layer is synchronous.
 """
 

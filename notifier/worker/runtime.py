@@ -35,7 +35,6 @@ from notifier.delivery.ratelimit import RateLimiter
 from notifier.models import Attempt
 from notifier.providers import load_registry
 from notifier.settings import get_settings
-from notifier.specs import parse_limits
 from notifier.worker import budget
 from notifier.worker.app import app
 from notifier.worker.heartbeat import Heartbeat
@@ -57,7 +56,7 @@ def dispatcher() -> Dispatcher:
         gate=redis_gate,
         stopping=STOPPING,
         guards=guards.load_registry(get_settings()),
-        limiter=RateLimiter(redis_client(), parse_limits(get_settings().rate_limits)),
+        limiter=RateLimiter(redis_client(), get_settings().rate_limits),
         observe=count,
     )
     _start_heartbeat(dispatcher.worker)

@@ -20,7 +20,8 @@ from tests.factories import MakeRows, ago
 from tests.receiver import Receiver
 
 HEARTBEAT = 1.0
-#: What the heartbeat lets a worker miss before it is gone (``heartbeat.MISSES`` beats).
+#: What the heartbeat lets a worker miss before it is gone (``MISSES`` beats of
+#: ``notifier.worker.heartbeat``).
 GRACE = 3 * HEARTBEAT
 LEASE = 300
 

@@ -224,7 +224,8 @@ def test_every_service_is_healthy_and_flower_asks_for_a_login(stack: Stack) -> N
 def test_settings_only_in_env_and_secret_files_reach_every_container(stack: Stack) -> None:
     probe = (
         "from notifier.settings import get_settings as g; s = g(); "
-        "print(s.batch_size, s.lease_seconds, s.override_recipients, s.smtp_host, "
+        "print(s.batch_size, s.lease_seconds, "
+        "*(f'{c}={r}' for c, r in s.override_recipients.items()), s.smtp_host, "
         "s.database_url.split('@')[1], bool(s.webhook_secret))"
     )
     expected = (

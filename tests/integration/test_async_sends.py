@@ -1,10 +1,10 @@
 """Sends on the worker's event loop, through the real dispatcher and a real PostgreSQL.
 
-Webhook rows without a guard are sent as coroutines (``sending.Sender``). The receivers are real
-servers on loopback: ``Receiver`` (threaded HTTP/1.1 keep-alive, records when each request
-arrived and was answered) and ``RawServer`` for the faults. ``Forgetful`` is a provider plugin
-that forgets its timeouts, against a real server that never answers: the dispatcher has to end
-its sends by itself.
+Webhook rows without a guard are sent as coroutines (``notifier.delivery.sender.Sender``). The
+receivers are real servers on loopback: ``Receiver`` (threaded HTTP/1.1 keep-alive, records when
+each request arrived and was answered) and ``RawServer`` for the faults. ``Forgetful`` is a provider
+plugin that forgets its timeouts, against a real server that never answers: the dispatcher has to
+end its sends by itself.
 """
 
 from __future__ import annotations

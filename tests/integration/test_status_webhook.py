@@ -214,7 +214,7 @@ def test_every_path_that_finishes_a_row_writes_its_event(
 
 def test_only_the_events_asked_for_are_written(engine: Engine, settings: Settings) -> None:
     status_webhook.configure(
-        engine, _on(settings, "http://127.0.0.1:9/hook", status_webhook_events="dead,bounced")
+        engine, _on(settings, "http://127.0.0.1:9/hook", status_webhook_events=["dead", "bounced"])
     )
     _rows(engine, "cancelled", "sent")
     _cancel(engine, "cancelled")

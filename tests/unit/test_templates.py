@@ -16,12 +16,12 @@ from notifier.delivery.prepare import (
     compile_template,
     locale_chain,
     normalize_locale,
-    parse_overrides,
     redirect,
     render,
 )
 from notifier.models import Notification
 from notifier.settings import Settings
+from notifier.specs import parse_overrides
 
 
 def _n(payload: Any = None, **fields: Any) -> Notification:

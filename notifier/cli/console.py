@@ -75,7 +75,6 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     from notifier.console.gate import Gate
     from notifier.console.site import create_app
     from notifier.settings import get_settings
-    from notifier.specs import parse_users
 
     settings = get_settings()
     port = port or settings.console_port
@@ -86,7 +85,7 @@ def serve(host: str | None = None, port: int | None = None) -> int:
         gate = Gate.loopback(port, scheme, proxies)
     app = create_app(
         db.make_engine(settings.database_url),
-        parse_users(settings.console_users),
+        settings.console_users,
         secure_cookie=settings.console_secure_cookie,
         session_seconds=settings.console_session_minutes * 60,
         flower_url=settings.console_flower_url,
