@@ -4,7 +4,7 @@ A launch holds the campaign's session lock (a second launch waits for it), marks
 ``launching``, checks every recipient has what the message needs (its fields, a free code), and
 writes the positions no earlier chunk wrote, ``PARALLEL`` chunks at a time, each chunk one
 statement and one transaction recorded with its rows. Re-running it after a crash finishes it
-without a second row or a second code for anyone (see ``notifier.db.campaigns``).
+without a second row or a second code for anyone (see ``notifier.db.launches``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from notifier.campaigns.messages import (
     template_variables,
 )
 from notifier.db import campaigns as campaigns_db
+from notifier.db import launches
 from notifier.db.campaigns import CampaignRow
 from notifier.models import CampaignStatus
 
@@ -81,13 +82,13 @@ def launch_campaign(
     with engine.begin() as conn:
         campaign_id = named(conn, name).id
     with engine.connect() as held:
-        campaigns_db.lock_launch(held, campaign_id)
+        launches.lock_launch(held, campaign_id)
         held.commit()  # the lock is the session's: the connection waits outside a transaction
         try:
             written = _launch(engine, name, progress, chunk, parallel)
         finally:
             with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
-                campaigns_db.unlock_launch(held, campaign_id)
+                launches.unlock_launch(held, campaign_id)
                 held.commit()
     finish_one(engine, campaign_id)  # nothing to send (no audience, or nothing new): done now
     return written
@@ -112,14 +113,14 @@ def _launch(
                 )
             raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
         _check_ready(conn, campaign)
-        last, due = campaigns_db.last_position(conn, campaign.id)
-        fresh = not campaigns_db.has_rows(conn, campaign.id)
-        todo = unwritten(last, campaigns_db.written_ranges(conn, campaign.id), chunk)
+        last, due = launches.last_position(conn, campaign.id)
+        fresh = not launches.has_rows(conn, campaign.id)
+        todo = unwritten(last, launches.written_ranges(conn, campaign.id), chunk)
     if not todo:
         _launched(engine, campaign.id)
         return 0
     with engine.begin() as conn:
-        campaigns_db.analyze(conn)
+        launches.analyze(conn)
     rendered = render_sql(campaign.subject, campaign.body)
     payload = json.dumps({**campaign.payload, "campaign": campaign.name})
 
@@ -132,8 +133,8 @@ def _launch(
                     " written, and every row written so far is cancelled"
                 )
             when = None if status == CampaignStatus.paused else due
-            n = campaigns_db.fan_out(conn, campaign, rendered, payload, when, after, upto, fresh)
-            campaigns_db.record_chunk(conn, campaign.id, after, upto, n)
+            n = launches.fan_out(conn, campaign, rendered, payload, when, after, upto, fresh)
+            launches.record_chunk(conn, campaign.id, after, upto, n)
             return n
 
     written = 0
@@ -165,7 +166,7 @@ def _check_ready(conn: Connection, campaign: CampaignRow) -> None:
         names = template_variables(conn, campaign.template, campaign.channel, campaign.locale)
         fields = sorted(names - TEMPLATE_BUILT_IN - set(campaign.payload))
     if fields:
-        found = campaigns_db.recipient_missing(conn, campaign.id, fields)
+        found = launches.recipient_missing(conn, campaign.id, fields)
         if found is not None:
             recipient, missing = found
             raise CampaignError(
