@@ -5,7 +5,7 @@ Placeholders are ``{recipient}``, ``{code}`` and any audience field (a CSV colum
 column), filled inside the fan-out statement from bound parameters only. A stored template's
 variables are read with ``jinja2.meta`` from the version rows will find, by the worker's locale
 fallback. Either way a field missing for any recipient stops the launch before anything is
-written, naming the field (``notifier.campaigns.service``).
+written, naming the field (``notifier.campaigns.launch``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A campaign is created as a draft; its audience (a CSV file, or an operator's SQL query) and
 its code pool (a file, or generated) are imported; ``launch`` then writes one notification per
-recipient in set-based chunks. Every step can be repeated: re-running a launch after a crash
-finishes it without a second row or a second code for anyone (see ``notifier.db.campaigns``).
+recipient in set-based chunks (``notifier.campaigns.launch``). Every step can be repeated:
+re-running a launch after a crash finishes it without a second row or a second code for anyone.
 
 Messages are filled from ``{placeholders}`` inside the fan-out statement, or a campaign names a
 stored Jinja2 template (``notifier template add``): each row is written naming it, with the
@@ -18,26 +18,16 @@ pending or processing (``finish``: beat's sweep, and every ``status``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Engine
 
-from notifier.campaigns.messages import (
-    BUILT_IN,
-    TEMPLATE_BUILT_IN,
-    CampaignError,
-    placeholders,
-    render_sql,
-    stored_template,
-    template_variables,
-)
+from notifier.campaigns.launch import CHUNK, PARALLEL, finish_one, launch_campaign, named
+from notifier.campaigns.messages import CampaignError, render_sql, stored_template
 from notifier.db import audience as audience_db
 from notifier.db import campaigns as campaigns_db
 from notifier.db.audience import AudienceImport
@@ -46,31 +36,6 @@ from notifier.delivery.intake import intake_for
 from notifier.models import CampaignStatus
 from notifier.settings import get_settings
 from notifier.specs import normalize_locale, parse_category
-
-#: Recipients written per fan-out statement (and per transaction).
-CHUNK = 50_000
-#: Fan-out statements run at once, each on a connection of its own: the database's work per
-#: row (heap and index writes) is what a launch waits on, and it spreads over server cores.
-PARALLEL = 2
-#: The most a launch may ask for: ``db.engine``'s pool holds 4 connections, and one holds
-#: the launch's lock.
-MOST_PARALLEL = 3
-
-
-def unwritten(last: int, written: Iterable[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
-    """The ``(after, upto]`` position ranges of 1..``last`` that no chunk in ``written`` (each
-    a ``(first, last)`` pair) covers, cut into pieces of at most ``chunk`` positions."""
-    if chunk < 1:
-        raise CampaignError("a launch chunk holds at least 1 recipient")
-    todo: list[tuple[int, int]] = []
-    at = 0  # every position up to here is written or planned
-    for first, upto in [*sorted(written), (last + 1, last + 1)]:
-        gap_end = min(first - 1, last)
-        while at < gap_end:
-            todo.append((at, min(at + chunk, gap_end)))
-            at = todo[-1][1]
-        at = max(at, upto)
-    return todo
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +169,7 @@ class Campaigns:
         if on_duplicate not in ("skip", "refuse"):
             raise CampaignError(f"on_duplicate is skip or refuse, not {on_duplicate!r}")
         with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             return audience_db.import_audience(
                 conn,
                 campaign.id,
@@ -222,7 +187,7 @@ class Campaigns:
     def import_query(self, name: str, query: str, *, skip_invalid: bool = False) -> AudienceImport:
         """Add the recipients of an operator's query, each checked like a CSV file's."""
         with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             return audience_db.audience_from_query(
                 conn,
                 campaign.id,
@@ -233,7 +198,7 @@ class Campaigns:
 
     def import_codes(self, name: str, codes: Iterable[str]) -> int:
         with self.engine.begin() as conn:
-            return audience_db.import_codes(conn, self._get(conn, name).id, codes)
+            return audience_db.import_codes(conn, named(conn, name).id, codes)
 
     def generate_codes(self, name: str, count: int, length: int = 12) -> int:
         """Add ``count`` random codes (``length`` hex characters, from the operating system's
@@ -265,91 +230,17 @@ class Campaigns:
         recipients, or the rest of a launch that died), never rows that were written, sent and
         purged since. A cancel, even one during the launch, is final.
         """
-        with self.engine.begin() as conn:
-            campaign_id = self._get(conn, name).id
-        with self.engine.connect() as held:
-            campaigns_db.lock_launch(held, campaign_id)
-            held.commit()  # the lock is the session's: the connection waits outside a transaction
-            try:
-                written = self._launch(name, progress, chunk, parallel)
-            finally:
-                with contextlib.suppress(DBAPIError):  # a lost connection has let go of it
-                    campaigns_db.unlock_launch(held, campaign_id)
-                    held.commit()
-        self._finish(campaign_id)  # nothing to send (no audience, or nothing new): done now
-        return written
-
-    def _launch(self, name: str, progress: Callable[[int], None], chunk: int, parallel: int) -> int:
-        with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
-            started = (
-                CampaignStatus.draft,
-                CampaignStatus.launching,
-                CampaignStatus.running,
-                CampaignStatus.finished,
-            )
-            if not campaigns_db.set_status(conn, campaign.id, CampaignStatus.launching, started):
-                if campaign.status == CampaignStatus.cancelled:
-                    raise CampaignError(
-                        f"campaign {name!r} was cancelled, which is final: it cannot launch"
-                        " again (create a new campaign to send it)"
-                    )
-                raise CampaignError(f"campaign {name!r} is {campaign.status}; it cannot launch")
-            self._check_ready(conn, campaign)
-            last, due = campaigns_db.last_position(conn, campaign.id)
-            fresh = not campaigns_db.has_rows(conn, campaign.id)
-            todo = unwritten(last, campaigns_db.written_ranges(conn, campaign.id), chunk)
-        if not todo:
-            self._launched(campaign.id)
-            return 0
-        with self.engine.begin() as conn:
-            campaigns_db.analyze(conn)
-        rendered = render_sql(campaign.subject, campaign.body)
-        payload = json.dumps({**campaign.payload, "campaign": campaign.name})
-
-        def write(after: int, upto: int) -> int:
-            with self.engine.begin() as conn:
-                status = campaigns_db.hold_writes(conn, campaign.id, exclusive=False)
-                if status == CampaignStatus.cancelled:
-                    raise CampaignError(
-                        f"campaign {name!r} was cancelled while it launched; nothing more is"
-                        " written, and every row written so far is cancelled"
-                    )
-                when = None if status == CampaignStatus.paused else due
-                n = campaigns_db.fan_out(
-                    conn, campaign, rendered, payload, when, after, upto, fresh
-                )
-                campaigns_db.record_chunk(conn, campaign.id, after, upto, n)
-                return n
-
-        written = 0
-        pool = ThreadPoolExecutor(parallel, thread_name_prefix="notifier-launch")
-        try:
-            for done in as_completed([pool.submit(write, *r) for r in todo]):
-                n = done.result()
-                written += n
-                progress(n)
-        finally:
-            # A chunk that failed stops the launch (re-run it to finish): nothing more starts.
-            pool.shutdown(wait=True, cancel_futures=True)
-        self._launched(campaign.id)
-        return written
-
-    def _launched(self, campaign_id: int) -> None:
-        with self.engine.begin() as conn:
-            campaigns_db.set_status(
-                conn, campaign_id, CampaignStatus.running, [CampaignStatus.launching]
-            )
+        return launch_campaign(self.engine, name, progress, chunk, parallel)
 
     def status(self, name: str) -> Progress:
         """The campaign and its counts; a running campaign they show done is marked finished
         (``finish``) first."""
         with self.engine.connect() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             counts = campaigns_db.counts(conn, campaign.id)
         progress = Progress(campaign, counts)
         done = campaign.status == CampaignStatus.running and not progress.unfinished
-        if done and self._finish(campaign.id):
+        if done and finish_one(self.engine, campaign.id):
             progress = Progress(replace(campaign, status=CampaignStatus.finished), counts)
         return progress
 
@@ -361,16 +252,12 @@ class Campaigns:
         with self.engine.begin() as conn:
             return campaigns_db.finish(conn)
 
-    def _finish(self, campaign_id: int) -> bool:
-        with self.engine.begin() as conn:
-            return bool(campaigns_db.finish(conn, campaign_id))
-
     def pause(self, name: str) -> Paused:
         """Stop sending now; the rows held back, and those claimed by workers. Sends already
         under way finish; the other claimed rows are handed back before their send, and then
         count as held back (``Counts.held``, which ``status`` shows)."""
         with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             # Chunks of a launch under way finish first; those after write their rows parked.
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             movable = (CampaignStatus.launching, CampaignStatus.running)
@@ -381,7 +268,7 @@ class Campaigns:
 
     def resume(self, name: str) -> int:
         with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             # A chunk that saw the pause has committed its parked rows before they are unparked.
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             paused = [CampaignStatus.paused]
@@ -398,7 +285,7 @@ class Campaigns:
         A cancelled campaign cannot be launched again.
         """
         with self.engine.begin() as conn:
-            campaign = self._get(conn, name)
+            campaign = named(conn, name)
             campaigns_db.hold_writes(conn, campaign.id, exclusive=True)
             final = (CampaignStatus.cancelled, CampaignStatus.finished)
             live = [s for s in CampaignStatus if s not in final]
@@ -406,41 +293,6 @@ class Campaigns:
                 _refuse_if_finished(campaign, "cancel")
                 raise CampaignError(f"campaign {name!r} is cancelled already")
             return campaigns_db.cancel_unsent(conn, campaign.id)
-
-    # -- internals -------------------------------------------------------------------------------
-
-    @staticmethod
-    def _get(conn: Any, name: str) -> CampaignRow:
-        campaign = campaigns_db.by_name(conn, name)
-        if campaign is None:
-            raise CampaignError(f"no campaign named {name!r}; create it first")
-        return campaign
-
-    @staticmethod
-    def _check_ready(conn: Connection, campaign: CampaignRow) -> None:
-        if campaign.template is None:
-            names = set(placeholders(campaign.subject) + placeholders(campaign.body))
-            fields = sorted(names - set(BUILT_IN))
-        else:
-            names = template_variables(conn, campaign.template, campaign.channel, campaign.locale)
-            fields = sorted(names - TEMPLATE_BUILT_IN - set(campaign.payload))
-        if fields:
-            found = campaigns_db.recipient_missing(conn, campaign.id, fields)
-            if found is not None:
-                recipient, missing = found
-                raise CampaignError(
-                    f"recipient {recipient!r} has no value for {', '.join(map(repr, missing))},"
-                    f" which the template uses (its fields: {', '.join(fields)});"
-                    " fix the audience and launch again"
-                )
-        if "code" in names:
-            recipients, codes, given = campaigns_db.pool_counts(conn, campaign.id)
-            need, spare = recipients - given, codes - given
-            if need:
-                raise CampaignError(
-                    f"{need} recipients still need a code but only {spare} codes are free;"
-                    f" import or generate at least {need - spare} more"
-                )
 
 
 def _recipient_check(channel: str) -> audience_db.RecipientCheck:

@@ -10,7 +10,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from notifier.db.migrate import alembic_dir, migrate
-from notifier.models import Status, metadata, notifications
+from notifier.db.tables import metadata, notifications
+from notifier.models import Status
 
 
 def test_migrations_match_the_models(engine: Engine) -> None:
