@@ -47,7 +47,7 @@ from sqlalchemy import Engine, create_engine, event
 from bench.common import cpu_seconds, drop_databases, load, recreate_database, sqlalchemy_url
 from notifier.campaigns import Campaigns
 from notifier.campaigns.audience_file import text_lines
-from notifier.db.content import upsert_template
+from notifier.db.templates import upsert_template
 
 DATABASE = f"notifier_bench_campaigns_{os.getpid()}"  # two runs at once do not collide
 PLACEHOLDERS = ("A gift, {name}", "Hi {name}, use {code} by Friday.")

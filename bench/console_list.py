@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import database_url, drop_databases, recreate_database, sqlalchemy_url
-from notifier.db import console as queries
+from notifier.db import listing
 
 DATABASE = "notifier_bench_console"
 
@@ -108,20 +108,20 @@ def main() -> None:
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             with engine.begin() as conn:
-                params: dict[str, Any] = {**f, "limit": queries.PAGE + 1}
+                params: dict[str, Any] = {**f, "limit": listing.PAGE + 1}
                 if "since" in f:
-                    params["min_id"] = queries.id_at(conn, f["since"])
+                    params["min_id"] = listing.id_at(conn, f["since"])
                 if "until" in f:
-                    params["max_id"] = queries.id_after(conn, f["until"])
+                    params["max_id"] = listing.id_after(conn, f["until"])
                 try:
-                    rows = len(queries.list_rows(conn, params))
+                    rows = len(listing.list_rows(conn, params))
                 except Exception as exc:  # the console's statement timeout
                     rows = -1
                     print(f"  {name}: {str(exc).splitlines()[0]}")
                     break
             times.append((time.perf_counter() - t0) * 1000)
         with engine.connect() as conn:
-            plan = queries.explain_list(conn, params).splitlines()
+            plan = listing.explain_list(conn, params).splitlines()
         scan = next((p.strip() for p in plan if "Scan" in p), plan[0].strip())
         print(f"{name:<42} {statistics.median(times):>10.1f} {rows:>5}  {scan[:70]}")
     engine.dispose()

@@ -18,7 +18,7 @@ import redis
 from sqlalchemy import Engine
 
 from notifier.db import errors, workers
-from notifier.db import ops as ops_db
+from notifier.db.stats import queue_stats
 from notifier.settings import Settings
 
 #: Redis key holding the Unix time of the last batch that claimed anything, on any worker.
@@ -74,7 +74,7 @@ def check(
     last_claim: float | None = None
     try:
         with engine.connect() as conn:
-            stats = ops_db.queue_stats(conn)
+            stats = queue_stats(conn)
             gone = workers.held_by_gone(conn)
         lag = stats.lag_seconds
         checks.append(Check("database", True, f"{stats.due} rows due, lag {lag:.1f}s"))

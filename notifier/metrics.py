@@ -34,8 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from notifier.db import ops as ops_db
-from notifier.db import status_events
+from notifier.db import stats, status_events
 from notifier.models import Attempt
 from notifier.providers import Registry
 
@@ -182,13 +181,17 @@ class NotifierCollector(Collector):
     def _gauges(self) -> Iterable[GaugeMetricFamily]:
         try:
             with self.engine.connect() as conn:
-                g = ops_db.gauges(conn)
+                g = stats.gauges(conn)
         except Exception as exc:
             log.warning("metrics: database unreachable (%s); gauges left out", exc)
             return
         for name, text, value in (
             ("notifier_due", "Pending rows due now.", g.due),
-            ("notifier_lag_seconds", "How long the oldest due row has waited.", g.lag_seconds),
+            (
+                "notifier_lag_seconds",
+                "How long the oldest due row has waited.",
+                g.lag_seconds or 0.0,
+            ),
             ("notifier_processing", "Rows claimed by a worker right now.", g.processing),
             ("notifier_dead_last_hour", "Rows that went dead in the last hour.", g.dead_last_hour),
         ):

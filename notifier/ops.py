@@ -1,7 +1,8 @@
 """Day-two operations: what the queue is doing, one row's story, requeue, bulk cancel, purge.
 
-The command line (``notifier.cli.ops``) and the ``notifier.purge`` task call these; the SQL is
-in ``notifier.db.ops``. A bulk change is two steps, so an operator can confirm what they are
+The command line (``notifier.cli.looking``, ``notifier.cli.changes``) and the ``notifier.purge``
+task call these; the SQL is in ``notifier.db.stats``, ``notifier.db.rows`` and
+``notifier.db.bulk``. A bulk change is two steps, so an operator can confirm what they are
 about to change: ``count_*`` returns how many rows match and a ``Snapshot``; ``requeue`` and
 ``cancel`` then change those rows (the ones that existed at the snapshot), in batches.
 """
@@ -17,9 +18,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from notifier.db import ops as ops_db
-from notifier.db import status_events
-from notifier.db.ops import Snapshot
+from notifier.db import bulk, rows, status_events
+from notifier.db.bulk import Snapshot
+from notifier.db.sql import like_escape
+from notifier.db.stats import QueueStats, outcomes_per_minute, queue_stats
 from notifier.models import Status
 from notifier.settings import Settings
 
@@ -57,7 +59,7 @@ class Minute:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    queue: ops_db.QueueStats
+    queue: QueueStats
     minutes: list[Minute]
     #: the status webhook's outbox: pending, processing and dead events
     status_events: status_events.Counts
@@ -72,13 +74,13 @@ class Stats:
 def stats(engine: Engine, minutes: int = 5) -> Stats:
     """Rows by status and channel, due rows and lag, and the outcomes of the last minutes."""
     with engine.connect() as conn:
-        queue = ops_db.queue_stats(conn)
-        rows = ops_db.outcomes_per_minute(conn, minutes)
+        queue = queue_stats(conn)
+        per_minute = outcomes_per_minute(conn, minutes)
         events = status_events.counts(conn)
-    last = len(rows) - 1
+    last = len(per_minute) - 1
     return Stats(
         queue,
-        [Minute(m, s, r, d, partial=i == last) for i, (m, s, r, d) in enumerate(rows)],
+        [Minute(m, s, r, d, partial=i == last) for i, (m, s, r, d) in enumerate(per_minute)],
         events,
     )
 
@@ -91,12 +93,41 @@ class Story:
     attempts: list[dict[str, Any]]
 
 
+#: The columns ``show`` tells, in this order (``campaign`` by its name).
+SHOWN = (
+    "id",
+    "status",
+    "channel",
+    "recipient",
+    "subject",
+    "body",
+    "payload",
+    "dedupe_key",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "next_attempt_at",
+    "expires_at",
+    "guard",
+    "last_error",
+    "provider_message_id",
+    "rescues",
+    "claimed_by",
+    "locked_until",
+    "campaign",
+    "producer",
+    "created_at",
+    "updated_at",
+    "sent_at",
+)
+
+
 def show(engine: Engine, row_id: int) -> Story | None:
     with engine.connect() as conn:
-        row = ops_db.notification(conn, row_id)
+        row = rows.notification(conn, row_id)
         if row is None:
             return None
-        return Story(row, ops_db.history(conn, row_id))
+        return Story({k: row[k] for k in SHOWN}, rows.history(conn, row_id))
 
 
 # --- requeue and cancel -------------------------------------------------------------------------
@@ -123,7 +154,7 @@ class DeadFilter:
             "channels": self.channels or None,
             "since": self.since,
             "until": until,
-            "error": None if self.error is None else _like_escape(self.error),
+            "error": None if self.error is None else like_escape(self.error),
         }
 
 
@@ -150,8 +181,8 @@ class Change:
 def count_requeue(engine: Engine, f: DeadFilter) -> tuple[int, Snapshot]:
     """How many dead rows ``f`` matches now, and the snapshot ``requeue`` takes them from."""
     with engine.begin() as conn:
-        snap = ops_db.snapshot(conn)
-        return ops_db.count_dead(conn, f.params(snap)), snap
+        snap = bulk.snapshot(conn)
+        return bulk.count_dead(conn, f.params(snap)), snap
 
 
 def requeue(
@@ -166,8 +197,8 @@ def requeue(
     params = f.params(snap)
     return _in_batches(
         engine,
-        lambda c, after: ops_db.requeue_dead(c, params, after, batch_size),
-        lambda c: ops_db.count_dead(c, params),
+        lambda c, after: bulk.requeue_dead(c, params, after, batch_size),
+        lambda c: bulk.count_dead(c, params),
         batch_size,
         progress,
     )
@@ -179,8 +210,8 @@ def count_cancel(engine: Engine, f: WaitingFilter) -> tuple[int, Snapshot]:
     Raises ``ValueError`` for a campaign that does not exist.
     """
     with engine.begin() as conn:
-        snap = ops_db.snapshot(conn)
-        return ops_db.count_waiting(conn, _waiting_params(conn, f, snap)), snap
+        snap = bulk.snapshot(conn)
+        return bulk.count_waiting(conn, _waiting_params(conn, f, snap)), snap
 
 
 def cancel(
@@ -197,8 +228,8 @@ def cancel(
         params = _waiting_params(conn, f, snap)
     return _in_batches(
         engine,
-        lambda c, after: ops_db.cancel_waiting(c, params, reason, after, batch_size),
-        lambda c: ops_db.count_waiting(c, params),
+        lambda c, after: bulk.cancel_waiting(c, params, reason, after, batch_size),
+        lambda c: bulk.count_waiting(c, params),
         batch_size,
         progress,
     )
@@ -207,7 +238,7 @@ def cancel(
 def _waiting_params(conn: Connection, f: WaitingFilter, snap: Snapshot) -> dict[str, Any]:
     campaign_id = None
     if f.campaign is not None:
-        campaign_id = ops_db.campaign_id(conn, f.campaign)
+        campaign_id = bulk.campaign_id(conn, f.campaign)
         if campaign_id is None:
             raise ValueError(f"no campaign named {f.campaign!r}")
     return {
@@ -247,11 +278,6 @@ def _in_batches(
             break
         time.sleep(0.2 * (walk + 1))  # the locks we met belong to transactions of milliseconds
     return Change(changed, left)
-
-
-def _like_escape(value: str) -> str:
-    """``value`` as a literal piece of an ILIKE pattern (``%`` and ``_`` match themselves)."""
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 # --- purge ----------------------------------------------------------------------------------------
@@ -295,12 +321,12 @@ def purge(
     """
     started = time.monotonic()
     with engine.connect() as conn:
-        now = ops_db.snapshot(conn).now
+        now = bulk.snapshot(conn).now
         before = {
             str(s): now - timedelta(days=getattr(settings, name)) for s, name in RETENTION.items()
         }
         if dry_run:
-            deleted, attempts = ops_db.count_expired(conn, before)
+            deleted, attempts = bulk.count_expired(conn, before)
             return Purge(before, _by_status(deleted), attempts, after, dry_run=True)
     result = Purge(before, _by_status({}), last_id=after)
     while True:
@@ -308,7 +334,7 @@ def purge(
             result.finished = False
             break
         with engine.begin() as conn:
-            deleted, attempts, last = ops_db.purge_expired(conn, before, result.last_id, batch_size)
+            deleted, attempts, last = bulk.purge_expired(conn, before, result.last_id, batch_size)
         for status, n in deleted.items():
             result.deleted[status] += n
         result.attempts += attempts

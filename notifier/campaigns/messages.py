@@ -17,8 +17,7 @@ import string
 from jinja2 import Environment, TemplateSyntaxError, meta
 from sqlalchemy import Connection
 
-from notifier.db import content as content_db
-from notifier.db.content import TemplateRow
+from notifier.db.templates import TemplateRow, templates_of
 from notifier.delivery.prepare import compile_parts, locale_chain
 from notifier.settings import get_settings
 from notifier.specs import normalize_locale
@@ -109,7 +108,7 @@ def stored_template(conn: Connection, name: str, channel: str, locale: str | Non
     """The stored template a row naming ``name`` and ``locale`` on ``channel`` would get."""
     chain = locale_chain(locale, get_settings().default_locale)
     by_locale: dict[str, TemplateRow] = {}
-    for row in content_db.templates_of(conn, [(name, channel)]):
+    for row in templates_of(conn, [(name, channel)]):
         with contextlib.suppress(ValueError):  # a locale written in SQL that no row can match
             by_locale[normalize_locale(row.locale)] = row
     for wanted in chain:

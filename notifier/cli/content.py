@@ -15,7 +15,7 @@ from notifier.cli import output
 from notifier.cli.base import NOTHING_MATCHED, Group, exclusive
 from notifier.cli.output import Table, Text
 from notifier.cli.terminal import shown
-from notifier.db import content as content_db
+from notifier.db import suppressions, templates
 from notifier.delivery import prepare
 from notifier.settings import get_settings
 from notifier.specs import normalize_locale
@@ -91,7 +91,7 @@ def add(
     except ValueError as exc:
         raise ValueError(f"template {name!r} not saved: {exc}") from None
     with db.engine().begin() as conn:
-        new = content_db.upsert_template(conn, name, channel, locale, (subject, body, html))
+        new = templates.upsert_template(conn, name, channel, locale, (subject, body, html))
     output.emit(
         {"name": name, "channel": channel, "locale": locale, "added": new},
         Text(
@@ -102,7 +102,7 @@ def add(
     return 0
 
 
-def _parts(t: content_db.TemplateRow) -> list[str]:
+def _parts(t: templates.TemplateRow) -> list[str]:
     return [part for part in _PARTS if getattr(t, part) is not None]
 
 
@@ -115,7 +115,7 @@ def _parts(t: content_db.TemplateRow) -> list[str]:
 @output.json_option
 def list_templates() -> int:
     with db.engine().connect() as conn:
-        rows = content_db.list_templates(conn)
+        rows = templates.list_templates(conn)
     output.emit(
         [
             {
@@ -157,7 +157,7 @@ def list_templates() -> int:
 def show(name: str, channel: str | None, locale: str | None) -> int:
     locale = None if locale is None else normalize_locale(locale)
     with db.engine().connect() as conn:
-        rows = content_db.list_templates(conn, name, channel, locale)
+        rows = templates.list_templates(conn, name, channel, locale)
     blocks: list[output.Block] = []
     for i, t in enumerate(rows):
         head = f"{shown(t.name)} ({shown(t.channel)}, {t.locale}), updated {shown(t.updated_at)}"
@@ -197,7 +197,7 @@ def show(name: str, channel: str | None, locale: str | None) -> int:
 def rm(name: str, channel: str, locale: str) -> int:
     locale = normalize_locale(locale)
     with db.engine().begin() as conn:
-        removed = content_db.delete_template(conn, name, channel, locale)
+        removed = templates.delete_template(conn, name, channel, locale)
     output.emit(
         {"name": name, "channel": channel, "locale": locale, "removed": removed},
         Text(
@@ -243,7 +243,7 @@ def suppress() -> None:
 @output.json_option
 def suppress_add(recipient: str, channel: str, reason: str) -> int:
     with db.engine().begin() as conn:
-        entry, new = content_db.suppress(conn, channel, recipient, reason)
+        entry, new = suppressions.suppress(conn, channel, recipient, reason)
     who = f"{shown(entry.channel)} {shown(entry.recipient)}"
     output.emit(
         {
@@ -278,7 +278,7 @@ def suppress_add(recipient: str, channel: str, reason: str) -> int:
 @output.json_option
 def suppress_rm(recipient: str, channel: str) -> int:
     with db.engine().begin() as conn:
-        removed = content_db.unsuppress(conn, channel, recipient)
+        removed = suppressions.unsuppress(conn, channel, recipient)
     output.emit(
         {"channel": channel, "recipient": recipient, "removed": removed},
         Text(
@@ -301,7 +301,7 @@ def suppress_rm(recipient: str, channel: str) -> int:
 @output.json_option
 def suppress_list(channel: str | None, limit: int) -> int:
     with db.engine().connect() as conn:
-        rows = content_db.list_suppressions(conn, channel, limit)
+        rows = suppressions.list_suppressions(conn, channel, limit)
     output.emit(
         [
             {

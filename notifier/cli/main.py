@@ -1,6 +1,6 @@
 """The ``notifier`` command: its root, ``send``, ``migrate``, ``health``, ``metrics`` and
-``events``; the other command groups live beside it (``ops``, ``campaigns``, ``content``,
-``console``).
+``events``; the other command groups live beside it (``looking``, ``changes``, ``campaigns``,
+``content``, ``console``).
 
 ``main`` runs it for the console script, ``python -m notifier.cli`` and the tests, and turns
 what went wrong into one line on stderr and an exit status (see ``notifier.cli.base``).
@@ -20,10 +20,9 @@ from sqlalchemy.engine import make_url
 
 from notifier import client, db, health, logs, metrics
 from notifier.cli import campaigns as campaign_cli
+from notifier.cli import changes, looking, output, terminal
 from notifier.cli import console as console_cli
 from notifier.cli import content as content_cli
-from notifier.cli import ops as ops_cli
-from notifier.cli import output, terminal
 from notifier.cli.base import (
     BAD_USAGE,
     CONTEXT,
@@ -384,7 +383,8 @@ def events(port: int | None, host: str) -> int:
 
 
 for _command in (
-    *ops_cli.COMMANDS,
+    *looking.COMMANDS,
+    *changes.COMMANDS,
     campaign_cli.campaign,
     *content_cli.COMMANDS,
     console_cli.command,

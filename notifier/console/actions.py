@@ -2,7 +2,7 @@
 templates.
 
 Each goes through the function the ``notifier`` command uses for it (``notifier.ops``,
-``notifier.campaigns``, ``notifier.db.content``), after a confirmation page. A single row's
+``notifier.campaigns``, ``notifier.db.suppressions``), after a confirmation page. A single row's
 requeue or cancel also writes an attempt row naming the operator (``console:<user>``), in the
 transaction that changed the row; bulk changes and campaign actions are logged with the user,
 what matched and what changed.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -25,11 +26,9 @@ from notifier.campaigns import CampaignError, Campaigns, Paused
 from notifier.console import filters
 from notifier.console.app import console, page, post, refuse, render, segment, session
 from notifier.console.pages import db
-from notifier.db import console as queries
-from notifier.db import content as content_store
-from notifier.db import ops as ops_store
-from notifier.db import producers
-from notifier.delivery import prepare as content
+from notifier.db import bulk, listing, producers, rows, suppressions
+from notifier.db.templates import TemplateRow, list_templates
+from notifier.delivery import prepare
 
 log = logging.getLogger("notifier.console")
 
@@ -56,7 +55,7 @@ def _row_id(request: Request) -> int:
 async def confirm_row(request: Request) -> Response:
     action = request.path_params["action"]
     row_id = _row_id(request)
-    row = await db(request, lambda conn: queries.notification(conn, row_id))
+    row = await db(request, lambda conn: rows.notification(conn, row_id))
     if row is None or action not in ROW_ACTIONS:
         return refuse(request, "no such notification or action", 404)
     return render(request, "confirm_row.html", n=row, action=action)
@@ -74,10 +73,10 @@ async def act_on_row(request: Request, values: dict[str, str]) -> Response:
     if action == "requeue":
 
         def work(conn: Any) -> bool:
-            params = ops.DeadFilter(ids=[row_id]).params(ops_store.snapshot(conn))
-            done = bool(ops_store.requeue_dead(conn, params, 0, 1))
+            params = ops.DeadFilter(ids=[row_id]).params(bulk.snapshot(conn))
+            done = bool(bulk.requeue_dead(conn, params, 0, 1))
             if done:
-                queries.record_action(conn, row_id, user, done_word, reason)
+                rows.record_action(conn, row_id, user, done_word, reason)
             return done
 
     elif action == "cancel":
@@ -85,7 +84,7 @@ async def act_on_row(request: Request, values: dict[str, str]) -> Response:
         def work(conn: Any) -> bool:
             done = producers.cancel_by_id(conn, row_id, reason)
             if done:
-                queries.record_action(conn, row_id, user, done_word, reason)
+                rows.record_action(conn, row_id, user, done_word, reason)
             return done
 
     else:
@@ -174,7 +173,7 @@ async def bulk_run(request: Request, values: dict[str, str]) -> Response:
         max_id = values.get("max_id", "")
         if not (max_id.isascii() and max_id.isdigit() and len(max_id) < 19):
             raise ValueError("max_id: count the rows first (step one), then run")
-        snap = ops_store.Snapshot(int(max_id), filters.parse_time(values.get("at", ""), "at"))
+        snap = bulk.Snapshot(int(max_id), filters.parse_time(values.get("at", ""), "at"))
     except ValueError as exc:
         return render(request, "bulk.html", 400, values=values, error=str(exc))
     engine = console(request).engine
@@ -207,11 +206,11 @@ async def _thread(fn: Any, *args: Any) -> Any:
 
 @page
 async def campaigns(request: Request) -> Response:
-    rows = await db(request, queries.campaigns)
-    for r in rows:
+    listed = await db(request, listing.campaigns)
+    for r in listed:
         rate = float(r["sent_per_minute"] or 0)
         r["minutes_left"] = round(r["waiting"] / rate) if rate and r["waiting"] else None
-    return render(request, "campaigns.html", campaigns=rows)
+    return render(request, "campaigns.html", campaigns=listed)
 
 
 @page
@@ -229,33 +228,41 @@ async def act_on_campaign(request: Request, _values: dict[str, str]) -> Response
         return refuse(request, "no such action", 404)
     ops_of = Campaigns(console(request).engine)
     try:
-        rows = await _thread(getattr(ops_of, action), name)
-        said = rows if isinstance(rows, Paused) else f"{rows} rows"
+        result = await _thread(getattr(ops_of, action), name)
+        said = result if isinstance(result, Paused) else f"{result} rows"
         message = f"Campaign {name}: {action} done ({said})."
     except CampaignError as exc:
         message = f"Campaign {name}: {exc}"
     log.info("console %s campaign %s: %s", _user(request), action, message)
-    rows_now = await db(request, queries.campaigns)
+    rows_now = await db(request, listing.campaigns)
     return render(request, "campaigns.html", campaigns=rows_now, message=message)
 
 
 # --- suppressions -------------------------------------------------------------------------------
 
 
+def _entries(
+    channel: str | None, recipient: str | None = None
+) -> Callable[[Any], list[suppressions.Suppression]]:
+    """The newest 200 entries of the suppression list, of one channel or all, or those of
+    ``recipient``."""
+    return lambda conn: suppressions.list_suppressions(conn, channel, 200, recipient)
+
+
 @page
-async def suppressions(request: Request) -> Response:
+async def suppression_list(request: Request) -> Response:
     channel = request.query_params.get("channel") or None
-    rows = await db(request, lambda conn: queries.suppressions(conn, channel, None))
-    return render(request, "suppressions.html", rows=rows, channel=channel or "")
+    entries = await db(request, _entries(channel))
+    return render(request, "suppressions.html", rows=entries, channel=channel or "")
 
 
 @post(admin=False)
 async def suppression_search(request: Request, values: dict[str, str]) -> Response:
     channel = values.get("channel", "").strip() or None
     recipient = values.get("recipient", "").strip() or None
-    rows = await db(request, lambda conn: queries.suppressions(conn, channel, recipient))
+    entries = await db(request, _entries(channel, recipient))
     return render(
-        request, "suppressions.html", rows=rows, channel=channel or "", searched=bool(recipient)
+        request, "suppressions.html", rows=entries, channel=channel or "", searched=bool(recipient)
     )
 
 
@@ -272,8 +279,8 @@ async def suppression_change(request: Request, values: dict[str, str]) -> Respon
 
     def work(conn: Any) -> bool:
         if add:
-            return content_store.suppress(conn, channel, recipient, reason)[1]
-        return content_store.unsuppress(conn, channel, recipient)
+            return suppressions.suppress(conn, channel, recipient, reason)[1]
+        return suppressions.unsuppress(conn, channel, recipient)
 
     changed = await db(request, work, begin=True)
     log.info(
@@ -284,24 +291,24 @@ async def suppression_change(request: Request, values: dict[str, str]) -> Respon
         if add
         else ("Removed." if changed else "Not found.")
     )
-    rows = await db(request, lambda conn: queries.suppressions(conn, None, None))
-    return render(request, "suppressions.html", rows=rows, channel="", message=verb)
+    entries = await db(request, _entries(None))
+    return render(request, "suppressions.html", rows=entries, channel="", message=verb)
 
 
 # --- templates ----------------------------------------------------------------------------------
 
 
 @page
-async def templates(request: Request) -> Response:
-    return render(request, "templates.html", templates=await db(request, queries.templates))
+async def template_list(request: Request) -> Response:
+    return render(request, "templates.html", templates=await db(request, list_templates))
 
 
 async def _template_page(request: Request, values: dict[str, str] | None) -> Response:
     p = request.path_params
-    row = await db(
-        request, lambda conn: queries.template(conn, p["name"], p["channel"], p["locale"])
+    found: list[TemplateRow] = await db(
+        request, lambda conn: list_templates(conn, p["name"], p["channel"], p["locale"])
     )
-    if row is None:
+    if not found:
         return refuse(request, "no such template", 404)
     sample = (values or {}).get("payload", "{}")
     recipient = (values or {}).get("recipient", "ann@example.com")
@@ -314,7 +321,8 @@ async def _template_page(request: Request, values: dict[str, str] | None) -> Res
                 raise ValueError("the sample payload is nested too deeply") from None
             if not isinstance(data, dict):
                 raise ValueError("the sample payload must be a JSON object")
-            parts = content.compile_parts(row["subject"], row["body"], row["html"])
+            row = found[0]
+            parts = prepare.compile_parts(row.subject, row.body, row.html)
             scope = {"recipient": recipient, **data}
             preview = {
                 name: None if part is None else part.render(scope)
@@ -325,7 +333,7 @@ async def _template_page(request: Request, values: dict[str, str] | None) -> Res
     return render(
         request,
         "template.html",
-        t=row,
+        t=found[0],
         sample=sample,
         recipient=recipient,
         preview=preview,
@@ -353,10 +361,10 @@ def routes() -> list[Route]:
         Route("/campaigns", campaigns, methods=["GET"]),
         Route("/campaigns/{name:segment}/{action:segment}", confirm_campaign, methods=["GET"]),
         Route("/campaigns/{name:segment}/{action:segment}", act_on_campaign, methods=["POST"]),
-        Route("/suppressions", suppressions, methods=["GET"]),
+        Route("/suppressions", suppression_list, methods=["GET"]),
         Route("/suppressions/search", suppression_search, methods=["POST"]),
         Route("/suppressions/{change:segment}", suppression_change, methods=["POST"]),
-        Route("/templates", templates, methods=["GET"]),
+        Route("/templates", template_list, methods=["GET"]),
         Route(
             "/templates/{name:segment}/{channel:segment}/{locale:segment}",
             template,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -30,7 +31,7 @@ from notifier.console.app import (
 )
 from notifier.console.auth import authenticate
 from notifier.console.limits import retry_after
-from notifier.db import console as queries
+from notifier.db import listing, rows, stats, workers
 
 log = logging.getLogger("notifier.console")
 
@@ -129,7 +130,7 @@ def _counts(request: Request, conn: Any) -> list[tuple[str, str, int]]:
     c = console(request)
     at, counts = c.counts_cache
     if time.monotonic() - at > COUNTS_SECONDS:
-        counts = [(s, ch, int(n)) for s, ch, n in conn.execute(queries.BY_STATUS_CHANNEL).all()]
+        counts = stats.counts(conn)
         c.counts_cache = (time.monotonic(), counts)
     return counts
 
@@ -169,20 +170,25 @@ def _chart(minutes: list[tuple[Any, int, int]]) -> dict[str, Any]:
     return {"bars": bars, "top": top, "last": minutes[-1][1] if minutes else 0}
 
 
+def _minutes(conn: Any) -> list[tuple[Any, int, int]]:
+    """``(minute, sent, failed)`` over the last hour, oldest first; the last is under way."""
+    return [(m, s, r + d) for m, s, r, d in stats.outcomes_per_minute(conn, 59)]
+
+
 @page
 async def overview(request: Request) -> Response:
-    def read(conn: Any) -> tuple[Any, Any]:
-        return _counts(request, conn), queries.overview(conn)
+    def read(conn: Any) -> tuple[Any, ...]:
+        return _counts(request, conn), stats.gauges(conn), _minutes(conn), workers.seen(conn)
 
-    counts, o = await db(request, read)
+    counts, gauges, minutes, seen = await db(request, read)
     return render(
         request,
         "overview.html",
         table=_table(counts),
-        gauges=o.gauges,
-        chart=_chart(o.minutes),
-        workers=o.workers,
-        sent_last_minute=o.minutes[-2][1] if len(o.minutes) > 1 else 0,
+        gauges=gauges,
+        chart=_chart(minutes),
+        workers=seen,
+        sent_last_minute=minutes[-2][1] if len(minutes) > 1 else 0,
     )
 
 
@@ -192,8 +198,8 @@ async def live(request: Request) -> Response:
         return JSONResponse({"error": "log in first"}, status_code=401)
 
     def read(conn: Any) -> dict[str, Any]:
-        g = queries.gauges(conn)
-        minutes = conn.execute(queries.SENT_PER_MINUTE).all()
+        g = dataclasses.asdict(stats.gauges(conn))
+        minutes = _minutes(conn)
         cells = {f"{s}.{ch}": n for s, ch, n in _counts(request, conn)}
         return {
             **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in g.items()},
@@ -226,37 +232,37 @@ async def notifications(request: Request) -> Response:
     before = _int(query.get("before"))
 
     def read(conn: Any) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {**f.params(), "before": before, "limit": queries.PAGE + 1}
+        params: dict[str, Any] = {**f.params(), "before": before, "limit": listing.PAGE + 1}
         if f.since is not None:
-            params["min_id"] = queries.id_at(conn, f.since)
+            params["min_id"] = listing.id_at(conn, f.since)
         if f.until is not None:
-            params["max_id"] = queries.id_after(conn, f.until)
-        return queries.list_rows(conn, params)
+            params["max_id"] = listing.id_after(conn, f.until)
+        return listing.list_rows(conn, params)
 
     error = None
     try:
-        rows = await db(request, read, begin=True)
+        found = await db(request, read, begin=True)
     except OperationalError as exc:
         if "statement timeout" not in str(exc):
             raise
-        rows, error = (
+        found, error = (
             [],
             (
                 "This search took too long: few rows match over a long stretch. Narrow it with a"
                 " time range (since/until) or a campaign."
             ),
         )
-    more = len(rows) > queries.PAGE
-    rows = rows[: queries.PAGE]
+    more = len(found) > listing.PAGE
+    found = found[: listing.PAGE]
     link = {**f.public(), **({"q": key} if key and f.private() else {})}
     return render(
         request,
         "list.html",
-        rows=rows,
+        rows=found,
         f=f,
         error=error,
         link=link,
-        next_before=rows[-1]["id"] if more else None,
+        next_before=found[-1]["id"] if more else None,
         statuses=filters.STATUSES,
     )
 
@@ -285,7 +291,7 @@ async def show(request: Request, *, revealed: bool = False, message: str | None 
         return render(request, "refused.html", 404, why="no such notification")
 
     def read(conn: Any) -> tuple[Any, Any]:
-        return queries.notification(conn, row_id), queries.history(conn, row_id)
+        return rows.notification(conn, row_id), rows.history(conn, row_id)
 
     row, history = await db(request, read)
     if row is None:

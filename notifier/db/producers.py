@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, text
 
-from notifier.db.content import TEMPLATES_OF, TemplateRow
 from notifier.db.sql import for_driver
+from notifier.db.templates import TEMPLATES_OF, TemplateRow
 
 ENQUEUE = """
     INSERT INTO notifications
@@ -73,7 +73,7 @@ def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
 
 
 def templates_of(conn: ProducerConnection, name: str, channel: str) -> list[TemplateRow]:
-    """Every locale of one stored template, the dispatcher's query (``content.templates_of``)
+    """Every locale of one stored template, the dispatcher's query (``templates.templates_of``)
     on either kind of connection, so that a producer's row is checked against it."""
     params = {"names": [name], "channels": [channel]}
     if isinstance(conn, Connection):

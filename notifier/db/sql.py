@@ -66,3 +66,12 @@ def text_array(values: Iterable[str | None]) -> str:
 
 def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def columns(rows: Iterable[tuple[str, ...]], width: int) -> list[list[str]]:
+    """Distinct tuples turned into ``width`` parallel arrays, as ``unnest`` takes them."""
+    columns: list[list[str]] = [[] for _ in range(width)]
+    for row in dict.fromkeys(rows):
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return columns

@@ -129,3 +129,31 @@ def connection_limits(conn: Connection) -> ConnectionLimits:
     """What PostgreSQL allows, and how much of it is in use now."""
     most, superuser, reserved, in_use = conn.execute(CONNECTION_LIMITS).one()
     return ConnectionLimits(int(most), int(superuser) + int(reserved), int(in_use))
+
+
+# Heartbeats (migration 0012) and, for workers of older releases, the attempt history.
+WORKERS = text(
+    """
+    WITH recent AS (
+        SELECT worker, count(*) AS attempts, max(at) AS last_attempt
+          FROM notification_attempts
+         WHERE at > now() - interval '1 hour' AND worker NOT LIKE 'console:%'
+         GROUP BY worker)
+    SELECT coalesce(w.name, r.worker) AS name, w.started_at, w.last_seen,
+           w.alive_until > now() AS alive, coalesce(r.attempts, 0) AS attempts,
+           r.last_attempt,
+           (SELECT count(*) FROM notifications n
+             WHERE n.status = 'processing' AND n.locked_until IS NOT NULL
+               AND n.claimed_by = coalesce(w.name, r.worker))
+             AS holding
+      FROM workers w FULL JOIN recent r ON r.worker = w.name
+     WHERE w.name IS NULL OR w.alive_until > now() - interval '1 hour'
+     ORDER BY alive DESC NULLS LAST, name
+    """
+)
+
+
+def seen(conn: Connection) -> list[dict[str, Any]]:
+    """Workers alive or seen in the last hour, the live ones first: their heartbeat, their
+    attempts of the last hour and the rows they hold."""
+    return [dict(r) for r in conn.execute(WORKERS).mappings()]

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from notifier.db.content import TemplateRow
+from notifier.db.templates import TemplateRow
 from notifier.delivery import guards as guards_module
 from notifier.delivery.checks import recipient_problem, row_problem, unknown_channel
 from notifier.delivery.prepare import apply, template_of

@@ -17,7 +17,7 @@
    good (``Permanent(suppress=True)``: an SMTP ``RCPT TO`` answered ``550 5.1.1``, kind
    ``bounce``; a push token FCM calls unregistered, kind ``invalid``), through
    ``Content.record_suppressions``. Entries are stored and
-   matched by one rule (``suppression_recipient``, see ``notifier.db.content``): email
+   matched by one rule (``suppression_recipient``, see ``notifier.db.suppressions``): email
    addresses without surrounding whitespace and case-insensitively (``Ann@Example.COM`` is
    ``ann@example.com``), other channels' recipients exactly as written.
 
@@ -53,7 +53,7 @@ from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedErro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy import Connection, Engine
 
-from notifier.db import content as content_db
+from notifier.db import suppressions, templates
 from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import Notification, truncate
 from notifier.providers.base import Permanent
@@ -213,7 +213,9 @@ class Content:
             with self.engine.connect() as own:
                 own.execution_options(isolation_level="AUTOCOMMIT")  # reads only: no BEGIN
                 return self.prepare(rows, own)
-        stopped = content_db.suppressed(conn, {(n.channel, n.recipient, n.category) for n in rows})
+        stopped = suppressions.suppressed(
+            conn, {(n.channel, n.recipient, n.category) for n in rows}
+        )
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
         if not stopped and not templated and not self.overrides:
             return rows, {}
@@ -253,7 +255,7 @@ class Content:
         ]
         if not entries:
             return 0
-        added = content_db.suppress_many(conn, entries)
+        added = suppressions.suppress_many(conn, entries)
         if added:
             log.info("suppressed %d recipients after hard bounces", added)
         return added
@@ -291,7 +293,7 @@ class Content:
 
     def _read(self, conn: Connection, keys: set[tuple[str, str]], now: float) -> None:
         fresh = {key: _Cached(now, {}) for key in keys}
-        for key, by_locale in versions(content_db.templates_of(conn, keys)).items():
+        for key, by_locale in versions(templates.templates_of(conn, keys)).items():
             fresh[key].by_locale.update(by_locale)
         self._cache = {
             key: entry
@@ -310,7 +312,7 @@ def template_locales(n: Notification, default: str) -> list[str] | str:
         return f"invalid notification: locale: {exc}"
 
 
-def versions(rows: Iterable[content_db.TemplateRow]) -> dict[tuple[str, str], dict[str, Compiled]]:
+def versions(rows: Iterable[templates.TemplateRow]) -> dict[tuple[str, str], dict[str, Compiled]]:
     """Stored templates compiled, by (name, channel) and then by locale."""
     found: dict[tuple[str, str], dict[str, Compiled]] = {}
     for row in rows:
@@ -322,7 +324,7 @@ def versions(rows: Iterable[content_db.TemplateRow]) -> dict[tuple[str, str], di
 
 
 def template_of(
-    n: Notification, rows: Iterable[content_db.TemplateRow], default: str
+    n: Notification, rows: Iterable[templates.TemplateRow], default: str
 ) -> Compiled | str:
     """The template version a worker would render ``n`` with, from the stored ``rows`` of its
     template (every locale), or why there is none, as the row's ``last_error``."""

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from notifier.campaigns import CampaignError, Campaigns
-from notifier.db import content as content_db
+from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.email import EmailProvider
@@ -34,7 +34,7 @@ def dispatcher(engine: Engine, settings: Settings, smtp_sink: SmtpSink) -> Itera
 
 def _store(engine: Engine, name: str = "gift", locale: str = "en", **parts: str) -> None:
     with engine.begin() as conn:
-        content_db.upsert_template(
+        upsert_template(
             conn,
             name,
             "email",

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import notifier
-from notifier.db.content import upsert_template
+from notifier.db.templates import upsert_template
 
 
 def _count(engine: Engine) -> int:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from notifier.db import console as queries
+from notifier.db import listing
 
 ROWS = 30_000
 
@@ -48,7 +48,7 @@ def test_a_page_never_scans_or_sorts_the_table(filled: Engine, filters: dict[str
     """Either the primary key walked backwards (no sort), or the few rows of a partial index
     (dead rows by time of death) sorted; never the whole table read or sorted."""
     with filled.connect() as conn:
-        plan = queries.explain_list(conn, {**filters, "limit": queries.PAGE + 1})
+        plan = listing.explain_list(conn, {**filters, "limit": listing.PAGE + 1})
     assert "Seq Scan on notifications" not in plan, plan
     if "Sort" in plan:
         assert "Index Scan using notifications_dead on notifications" in plan, plan
@@ -61,7 +61,7 @@ def test_pages_follow_each_other_without_gaps(filled: Engine) -> None:
     before = None
     with filled.begin() as conn:
         for _ in range(3):
-            rows = queries.list_rows(conn, {"status": "dead", "before": before, "limit": 51})
+            rows = listing.list_rows(conn, {"status": "dead", "before": before, "limit": 51})
             seen += [r["id"] for r in rows[:50]]
             before = rows[49]["id"]
     expected = list(range(ROWS - ROWS % 50, 0, -50))[:150]
@@ -72,7 +72,7 @@ def test_a_time_range_becomes_an_id_range_that_keeps_every_row_in_it(filled: Eng
     with filled.begin() as conn:
         now = conn.execute(text("SELECT max(created_at) FROM notifications")).scalar_one()
         since, until = now - timedelta(hours=30), now - timedelta(hours=20)
-        low, high = queries.id_at(conn, since), queries.id_after(conn, until)
+        low, high = listing.id_at(conn, since), listing.id_after(conn, until)
         inside = conn.execute(
             text(
                 "SELECT min(id), max(id) FROM notifications"
@@ -80,7 +80,7 @@ def test_a_time_range_becomes_an_id_range_that_keeps_every_row_in_it(filled: Eng
             ),
             {"since": since, "until": until},
         ).one()
-        rows = queries.list_rows(
+        rows = listing.list_rows(
             conn,
             {"since": since, "until": until, "min_id": low, "max_id": high, "limit": 1000},
         )

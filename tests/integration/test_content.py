@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Connection, Engine, event, text
 
 from notifier.cli.main import cli
-from notifier.db import content as content_db
+from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.outcomes import Cancelled
 from notifier.delivery.prepare import Content
@@ -54,7 +54,7 @@ def note(id: int = 1, recipient: str = ANN, **fields: Any) -> Notification:
 
 def add_template(engine: Engine, locale: str = "en", channel: str = "email", **parts: str) -> None:
     with engine.begin() as conn:
-        content_db.upsert_template(
+        upsert_template(
             conn,
             parts.pop("name", "welcome"),
             channel,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import Engine, text
 
-from notifier.db import content as content_db
+from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import registry_of
 from notifier.providers.base import InvalidNotification, Sent
@@ -90,9 +90,7 @@ def send_templated(
 ) -> tuple[str, str | None]:
     """Render ``Welcome, {{ name }}`` into a row's subject and dispatch it; its status, error."""
     with engine.begin() as conn:
-        content_db.upsert_template(
-            conn, "welcome", "email", "en", ("Welcome, {{ name }}", "Hello", None)
-        )
+        upsert_template(conn, "welcome", "email", "en", ("Welcome, {{ name }}", "Hello", None))
     make_row(
         channel="email", recipient="ann@example.com", payload={"name": name}, template="welcome"
     )

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 import notifier
-from notifier.db import content as content_db
 from notifier.db import producers
+from notifier.db.templates import TemplateRow, upsert_template
 from notifier.delivery import guards
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.intake import Intake, would_be
@@ -88,12 +88,12 @@ def settings(make_settings: MakeSettings) -> Settings:
 @pytest.fixture
 def templates(engine: Engine) -> None:
     with engine.begin() as conn:
-        content_db.upsert_template(conn, "hello", "email", "en", ("Hi {{ name }}", "b", None))
-        content_db.upsert_template(conn, "text", "sms", "en", (None, "{{ t }}", None))
+        upsert_template(conn, "hello", "email", "en", ("Hi {{ name }}", "b", None))
+        upsert_template(conn, "text", "sms", "en", (None, "{{ t }}", None))
 
 
 def _reader(engine: Engine) -> Any:
-    def read(name: str, channel: str) -> Iterable[content_db.TemplateRow]:
+    def read(name: str, channel: str) -> Iterable[TemplateRow]:
         with engine.connect() as conn:
             return producers.templates_of(conn, name, channel)
 

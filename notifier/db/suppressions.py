@@ -1,8 +1,9 @@
-"""All SQL of content: templates and the suppression list.
+"""The SQL of the suppression list: what the dispatcher checks a batch against, and the
+entries that events and operators add and remove.
 
-``notifier.delivery.prepare`` sees none of it. The dispatcher's two lookups take a whole batch
-at once (its keys probed in the primary keys), so a batch costs one statement for each, never
-one per row.
+Part of ``notifier.db``, the package that talks to the driver; ``notifier.delivery.prepare``
+sees none of it. The dispatcher's lookup takes a whole batch at once, so a batch costs one
+statement, never one per row.
 
 Suppression entries are stored and looked up by one rule, the database function
 ``suppression_recipient(channel, recipient)`` (migration 0009): an email address trimmed and in
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, text
+
+from notifier.db.sql import columns
 
 # The batch's rows travel as one JSON object, {channel: [[recipient, category], ...]}: psycopg
 # adapts a text[] an element at a time in Python (milliseconds for a batch of 500), json.dumps
@@ -63,39 +66,6 @@ SUPPRESS_MANY = text(
     """
 )
 
-TEMPLATES_OF = text(
-    """
-    SELECT t.name, t.channel, t.locale, t.subject, t.body, t.html, t.updated_at
-      FROM templates t
-      JOIN unnest(CAST(:names AS text[]), CAST(:channels AS text[])) AS v(name, channel)
-           ON t.name = v.name AND t.channel = v.channel
-    """
-)
-
-# xmax is 0 for a row this statement inserted, and set for one it updated.
-UPSERT_TEMPLATE = text(
-    """
-    INSERT INTO templates (name, channel, locale, subject, body, html)
-    VALUES (:name, :channel, :locale, :subject, :body, :html)
-    ON CONFLICT (name, channel, locale) DO UPDATE
-       SET subject = excluded.subject, body = excluded.body, html = excluded.html,
-           updated_at = now()
-    RETURNING xmax = 0
-    """
-)
-
-LIST_TEMPLATES = text(
-    "SELECT name, channel, locale, subject, body, html, updated_at FROM templates"
-    " WHERE (CAST(:name AS text) IS NULL OR name = :name)"
-    "   AND (CAST(:channel AS text) IS NULL OR channel = :channel)"
-    "   AND (CAST(:locale AS text) IS NULL OR locale = :locale)"
-    " ORDER BY name, channel, locale"
-)
-
-DELETE_TEMPLATE = text(
-    "DELETE FROM templates WHERE name = :name AND channel = :channel AND locale = :locale"
-)
-
 # The entry as stored, new or not (the no-op update keeps the first reason, kind and time);
 # xmax is 0 for a row this statement inserted.
 SUPPRESS_ONE = text(
@@ -123,29 +93,22 @@ UNSUPPRESS = text(
 )
 
 # Scoped opt-outs are listed with their category in the kind: ``opt-out:marketing``.
+_OF = """(CAST(:channel AS text) IS NULL OR channel = :channel)
+           AND (CAST(:recipient AS text) IS NULL
+                OR recipient = suppression_recipient(channel, :recipient))"""
+
 LIST_SUPPRESSIONS = text(
-    """
+    f"""
     SELECT channel, recipient, reason, created_at, kind FROM (
         SELECT channel, recipient, reason, created_at, kind FROM suppressions
-         WHERE CAST(:channel AS text) IS NULL OR channel = :channel
+         WHERE {_OF}
         UNION ALL
         SELECT channel, recipient, reason, created_at, 'opt-out:' || category
           FROM category_opt_outs
-         WHERE CAST(:channel AS text) IS NULL OR channel = :channel) AS e
+         WHERE {_OF}) AS e
      ORDER BY created_at DESC, channel, recipient, kind LIMIT :limit
     """
 )
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateRow:
-    name: str
-    channel: str
-    locale: str
-    subject: str | None
-    body: str | None
-    html: str | None
-    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,58 +146,14 @@ def suppressed(conn: Connection, rows: Iterable[Addressee]) -> dict[Addressee, s
 def suppress_many(conn: Connection, entries: Iterable[tuple[str, str, str, str]]) -> int:
     """Add (channel, recipient, reason, kind) entries; those already there keep their first
     reason and kind. Returns how many were new."""
-    channels, recipients, reasons, kinds = _columns(entries, 4)
+    channels, recipients, reasons, kinds = columns(entries, 4)
     if not channels:
         return 0
     params = {"channels": channels, "recipients": recipients, "reasons": reasons, "kinds": kinds}
     return int(conn.execute(SUPPRESS_MANY, params).rowcount)
 
 
-def templates_of(conn: Connection, keys: Iterable[tuple[str, str]]) -> list[TemplateRow]:
-    """Every locale of the templates with these (name, channel) keys."""
-    names, channels = _columns(keys, 2)
-    if not names:
-        return []
-    rows = conn.execute(TEMPLATES_OF, {"names": names, "channels": channels}).all()
-    return [TemplateRow(*row) for row in rows]
-
-
 # --- what operators use --------------------------------------------------------------------------
-
-
-def upsert_template(
-    conn: Connection,
-    name: str,
-    channel: str,
-    locale: str,
-    parts: tuple[str | None, str | None, str | None],
-) -> bool:
-    """Write a template's (subject, body, html), replacing the version there was; whether new."""
-    subject, body, html = parts
-    params = {
-        "name": name,
-        "channel": channel,
-        "locale": locale,
-        "subject": subject,
-        "body": body,
-        "html": html,
-    }
-    return bool(conn.execute(UPSERT_TEMPLATE, params).scalar_one())
-
-
-def list_templates(
-    conn: Connection,
-    name: str | None = None,
-    channel: str | None = None,
-    locale: str | None = None,
-) -> list[TemplateRow]:
-    params = {"name": name, "channel": channel, "locale": locale}
-    return [TemplateRow(*row) for row in conn.execute(LIST_TEMPLATES, params).all()]
-
-
-def delete_template(conn: Connection, name: str, channel: str, locale: str) -> bool:
-    params = {"name": name, "channel": channel, "locale": locale}
-    return int(conn.execute(DELETE_TEMPLATE, params).rowcount) > 0
 
 
 def suppress(
@@ -253,16 +172,9 @@ def unsuppress(conn: Connection, channel: str, recipient: str) -> bool:
     return int(conn.execute(UNSUPPRESS, params).scalar_one()) > 0
 
 
-def list_suppressions(conn: Connection, channel: str | None, limit: int) -> list[Suppression]:
-    """The newest ``limit`` entries, of one channel or all."""
-    params = {"channel": channel, "limit": limit}
+def list_suppressions(
+    conn: Connection, channel: str | None, limit: int, recipient: str | None = None
+) -> list[Suppression]:
+    """The newest ``limit`` entries, of one channel or all, or only those of ``recipient``."""
+    params = {"channel": channel, "recipient": recipient, "limit": limit}
     return [Suppression(*row) for row in conn.execute(LIST_SUPPRESSIONS, params).all()]
-
-
-def _columns(rows: Iterable[tuple[str, ...]], width: int) -> list[list[str]]:
-    """Distinct tuples turned into ``width`` parallel arrays, as ``unnest`` takes them."""
-    columns: list[list[str]] = [[] for _ in range(width)]
-    for row in dict.fromkeys(rows):
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-    return columns

@@ -1,6 +1,6 @@
-"""The operators' SQL: look at one row, recent throughput, requeue, bulk cancel and purge.
+"""The SQL of the operators' bulk changes: requeue dead rows, cancel unsent ones, purge
+finished ones. Part of ``notifier.db``, the package that talks to the driver.
 
-Part of ``notifier.db``, the package that talks to the driver.
 Every bulk change runs in batches walked by id (``id > :after ORDER BY id LIMIT :limit``), each
 batch its own short transaction whose rows are locked ``FOR UPDATE SKIP LOCKED``: a million
 matching rows never sit under one statement's locks, and a worker is never made to wait.
@@ -19,74 +19,11 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from notifier.db.sql import seconds_since
-
-COUNT_BY_STATUS = text(
-    "SELECT status, channel, count(*) FROM notifications GROUP BY status, channel"
-    " ORDER BY status, channel"
-)
-
-GAUGES = text(
-    """
-    SELECT (SELECT count(*) FROM notifications
-             WHERE status = 'processing' AND locked_until IS NOT NULL),
-           (SELECT count(*) FROM notifications
-             WHERE status = 'dead' AND updated_at > now() - interval '1 hour')
-    """
-)
-
-# A producer may write any time (``-infinity`` included) into next_attempt_at: the age is
-# clamped, so one such row shows as a long lag instead of failing every monitor's read.
-OLDEST_DUE = text(
-    f"""
-    SELECT {seconds_since("min(next_attempt_at)")}, count(*)
-      FROM notifications
-     WHERE status = 'pending' AND next_attempt_at <= now()
-    """
-)
-
-# --- looking ------------------------------------------------------------------------------------
+# --- what a bulk change counts from -------------------------------------------------------------
 
 SNAPSHOT = text("SELECT coalesce(max(id), 0), now() FROM notifications")
 
-ONE = text(
-    """
-    SELECT n.id, n.status, n.channel, n.recipient, n.subject, n.body, n.payload, n.dedupe_key,
-           n.priority, n.attempts, n.max_attempts, n.next_attempt_at, n.expires_at, n.guard,
-           n.last_error, n.provider_message_id, n.rescues, n.claimed_by, n.locked_until,
-           c.name AS campaign, n.producer, n.created_at, n.updated_at, n.sent_at
-      FROM notifications n LEFT JOIN campaigns c ON c.id = n.campaign_id
-     WHERE n.id = :id
-    """
-)
-
-HISTORY = text(
-    """
-    SELECT attempt, at, worker, channel, outcome, error, duration_ms
-      FROM notification_attempts
-     WHERE notification_id = :id
-     ORDER BY id
-    """
-)
-
-# One row per minute, oldest first; the last is the minute under way. One range read through
-# notification_attempts_at (a BRIN index, migration 0015), counted by minute.
-OUTCOMES_PER_MINUTE = text(
-    """
-    SELECT m.minute, coalesce(c.sent, 0), coalesce(c.retried, 0), coalesce(c.dead, 0)
-      FROM generate_series(date_trunc('minute', now()) - make_interval(mins => :minutes),
-                           date_trunc('minute', now()), interval '1 minute') AS m(minute)
-      LEFT JOIN (SELECT date_trunc('minute', at) AS minute,
-                        count(*) FILTER (WHERE outcome = 'sent') AS sent,
-                        count(*) FILTER (WHERE outcome = 'retry') AS retried,
-                        count(*) FILTER (WHERE outcome = 'dead') AS dead
-                   FROM notification_attempts
-                  WHERE at >= date_trunc('minute', now()) - make_interval(mins => :minutes)
-                  GROUP BY 1) AS c USING (minute)
-     ORDER BY m.minute
-    """
-)
-
+# Also the console list's filter by campaign.
 CAMPAIGN_ID = text("SELECT id FROM campaigns WHERE name = :name")
 
 # --- requeue: dead rows back to pending -------------------------------------------------------
@@ -200,25 +137,8 @@ def snapshot(conn: Connection) -> Snapshot:
     return Snapshot(int(max_id), now)
 
 
-def notification(conn: Connection, row_id: int) -> dict[str, Any] | None:
-    """Every column an operator cares about, by name; ``None`` if there is no such row."""
-    row = conn.execute(ONE, {"id": row_id}).mappings().first()
-    return None if row is None else dict(row)
-
-
-def history(conn: Connection, row_id: int) -> list[dict[str, Any]]:
-    """The row's attempts, oldest first."""
-    return [dict(r) for r in conn.execute(HISTORY, {"id": row_id}).mappings()]
-
-
-def outcomes_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, int, int, int]]:
-    """``(minute, sent, retry, dead)`` for the ``minutes`` whole minutes before this one and
-    the minute under way, oldest first."""
-    rows = conn.execute(OUTCOMES_PER_MINUTE, {"minutes": minutes}).all()
-    return [(m, int(s), int(r), int(d)) for m, s, r, d in rows]
-
-
 def campaign_id(conn: Connection, name: str) -> int | None:
+    """The campaign's id by its name; ``None`` if there is none."""
     value = conn.execute(CAMPAIGN_ID, {"name": name}).scalar()
     return None if value is None else int(value)
 
@@ -272,32 +192,3 @@ def _cutoffs(before: dict[str, datetime]) -> dict[str, datetime]:
 
 def _ids(rows: Sequence[Any]) -> list[int]:
     return [int(r[0]) for r in rows]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    by_status_channel: list[tuple[str, str, int]]
-    due: int
-    lag_seconds: float
-
-
-def queue_stats(conn: Connection) -> QueueStats:
-    """Rows by status and channel; due pending rows and the age of the oldest (the lag)."""
-    counts = [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
-    lag, due = conn.execute(OLDEST_DUE).one()
-    return QueueStats(counts, int(due), float(lag or 0.0))
-
-
-@dataclass(frozen=True, slots=True)
-class Gauges:
-    due: int
-    lag_seconds: float
-    processing: int
-    dead_last_hour: int
-
-
-def gauges(conn: Connection) -> Gauges:
-    """What the metrics endpoint reads at every scrape; each served by a partial index."""
-    lag, due = conn.execute(OLDEST_DUE).one()
-    processing, dead = conn.execute(GAUGES).one()
-    return Gauges(int(due), float(lag or 0.0), int(processing), int(dead))
