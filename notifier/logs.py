@@ -125,7 +125,11 @@ def scrub(text: str) -> str:
 
 
 def _mask_url_match(match: re.Match[str]) -> str:
-    url = match[0].rstrip(_URL_TAIL)
+    url = match[0]
+    while url and url[-1] in _URL_TAIL:
+        if url[-1] == "]" and url.count("[") >= url.count("]"):  # it closes an IPv6 host
+            break
+        url = url[:-1]
     return _mask_url(url) + match[0][len(url) :]
 
 

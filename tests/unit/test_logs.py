@@ -87,6 +87,9 @@ def test_scrub_masks_what_the_narrow_patterns_missed() -> None:
             "POST https://hooks.example.com:8443/***, then (https://x.example.net/***).",
         ),
         ("url='https://u:pw@[::1]:9000/x'", "url='https://[::1]:9000/***'"),
+        # an IPv6 host's closing bracket belongs to the URL, a bracket after it does not
+        ("on http://[::1] now", "on http://[::1] now"),
+        ("[see http://[::1]/x]", "[see http://[::1]/***]"),
     ],
 )
 def test_scrub_keeps_the_text_around_an_address(text: str, scrubbed: str) -> None:
