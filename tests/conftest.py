@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, create_engine, text
 
 from notifier import db
@@ -29,6 +30,12 @@ from tests.factories import MakeRow, MakeRows, MakeSettings, Rows, SetEnv, envir
 from tests.raw_server import Behaviour, RawServer
 from tests.redis_server import RedisServer
 from tests.smtp_sink import SmtpSink
+
+# With CI set, every property test draws the same examples on every run: a CI run is
+# repeatable, and what a property finds is found on a developer's machine, not first in CI.
+hypothesis_settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 POSTGRES = os.environ.get("NOTIFIER_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("NOTIFIER_TEST_REDIS")
