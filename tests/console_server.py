@@ -74,6 +74,16 @@ def seed(engine: Engine) -> dict[str, int]:
     return ids
 
 
+def status(engine: Engine, row_id: int) -> str:
+    """A row's status, as the console's actions left it."""
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                text("SELECT status FROM notifications WHERE id = :id"), {"id": row_id}
+            ).scalar_one()
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from tests.acceptance.conftest import wait_for
-from tests.console_server import Console, console_env, seed
+from tests.console_server import Console, console_env, seed, status
 
 
 @pytest.fixture
@@ -18,15 +18,6 @@ def console(database_url: str, tmp_path: Path) -> Iterator[Console]:
     server = Console(console_env(database_url), tmp_path / "console.log").start()
     yield server
     server.stop()
-
-
-def status(engine: Engine, row_id: int) -> str:
-    with engine.connect() as conn:
-        return str(
-            conn.execute(
-                text("SELECT status FROM notifications WHERE id = :id"), {"id": row_id}
-            ).scalar_one()
-        )
 
 
 def test_another_host_is_refused_before_anything_else(console: Console, engine: Engine) -> None:

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from tests.acceptance.conftest import wait_for
-from tests.console_server import Console, console_env, seed
+from tests.console_server import Console, console_env, seed, status
 
 
 @pytest.fixture
@@ -20,15 +20,6 @@ def console(database_url: str, tmp_path: Path) -> Iterator[Console]:
     server = Console(console_env(database_url), tmp_path / "console.log").start()
     yield server
     server.stop()
-
-
-def status(engine: Engine, row_id: int) -> str:
-    with engine.connect() as conn:
-        return str(
-            conn.execute(
-                text("SELECT status FROM notifications WHERE id = :id"), {"id": row_id}
-            ).scalar_one()
-        )
 
 
 def test_without_login_nothing_is_shown_or_changed(console: Console, engine: Engine) -> None:
