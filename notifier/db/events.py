@@ -16,6 +16,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
+from notifier.db import suppressions
+
 _ROW = (
     "SELECT id, channel, recipient, attempts, category,"
     " CAST(:named AS text) IS NULL OR suppression_recipient(channel, recipient)"
@@ -62,14 +64,8 @@ ADVANCE = text(
     """
 )
 
-# Through the tables' triggers, which store the address as suppression_recipient() has it; an
-# entry already there keeps its first reason (and kind).
-SUPPRESS = text(
-    "INSERT INTO suppressions (channel, recipient, reason, kind)"
-    " VALUES (:channel, :recipient, :reason, :kind)"
-    " ON CONFLICT (channel, recipient) DO NOTHING"
-)
-
+# Through the table's trigger, which stores the address as suppression_recipient() has it; an
+# entry already there keeps its first reason.
 OPT_OUT = text(
     "INSERT INTO category_opt_outs (channel, recipient, category, reason)"
     " VALUES (:channel, :recipient, :category, :reason)"
@@ -137,9 +133,10 @@ def advance(conn: Connection, row_id: int, status: str, at: datetime, detail: st
 
 
 def suppress(conn: Connection, channel: str, recipient: str, reason: str, kind: str) -> bool:
-    """Add a suppression entry of ``kind`` (every category); whether it is new."""
-    params = {"channel": channel, "recipient": recipient, "reason": reason, "kind": kind}
-    return int(conn.execute(SUPPRESS, params).rowcount) > 0
+    """Add a suppression entry of ``kind`` (every category); whether it is new. The list's one
+    statement for adding entries (``suppressions.suppress_many``): one already there keeps its
+    first reason and kind."""
+    return suppressions.suppress_many(conn, [(channel, recipient, reason, kind)]) > 0
 
 
 def opt_out(conn: Connection, channel: str, recipient: str, category: str, reason: str) -> bool:
