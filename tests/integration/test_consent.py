@@ -250,7 +250,10 @@ def test_a_category_has_one_shape_everywhere(engine: Engine) -> None:
 )
 @given(
     st.one_of(
-        st.text(st.characters(blacklist_characters="\0"), max_size=70),
+        # Text PostgreSQL can hold: no NUL, no lone surrogate (the driver cannot even send one).
+        st.text(
+            st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=70
+        ),
         st.text("abcxyz019_.-\nAZ ", min_size=60, max_size=70),
     )
 )
