@@ -15,7 +15,7 @@ from tests.factories import SetEnv
         ("NOTIFIER_OVERRIDE_RECIPIENT", "did you mean NOTIFIER_OVERRIDE_RECIPIENTS?"),
         ("NOTIFIER_SMTP_HOSTNAME", "did you mean NOTIFIER_SMTP_HOST?"),
         ("notifier_batchsize", "did you mean NOTIFIER_BATCH_SIZE?"),
-        ("NOTIFIER_COLOUR", "the settings are listed in notifier/settings.py"),
+        ("NOTIFIER_COLOUR", "the settings are listed in notifier/settings/"),
     ],
 )
 def test_an_unknown_variable_is_named_with_the_closest_setting(name: str, says: str) -> None:

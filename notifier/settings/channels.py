@@ -1,0 +1,132 @@
+"""The settings of the channels' providers (SMTP, webhooks, Twilio, FCM), of the status webhook and
+of the ``http`` guard: where each sends and how long it may take."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, NoDecode
+
+from notifier.settings.parsed import Networks, parsed
+from notifier.specs import STATUS_EVENTS, parse_status_events
+
+
+class SmtpTls(StrEnum):
+    """How the SMTP connection is secured."""
+
+    #: plain SMTP (a local relay or a mail catcher)
+    none = "none"
+    #: plain connection upgraded with STARTTLS before authenticating
+    starttls = "starttls"
+    #: TLS from the first byte (SMTPS, usually port 465)
+    ssl = "ssl"
+
+
+class ChannelSettings(BaseSettings):
+    """Fields of ``Settings`` (``model.py``), the one class that reads them."""
+
+    smtp_host: str = "localhost"
+    """SMTP server for the ``email`` channel."""
+
+    smtp_port: int = Field(25, gt=0, lt=65536)
+    """Its port."""
+
+    smtp_username: str | None = None
+    """Login, if the server asks for one."""
+
+    smtp_password: str | None = None
+    """Password for ``smtp_username``."""
+
+    smtp_tls: SmtpTls = SmtpTls.none
+    """``none``, ``starttls`` or ``ssl``."""
+
+    smtp_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed for the connection and for each SMTP reply."""
+
+    email_from: str = "notifier@localhost"
+    """The ``From`` address of every email."""
+
+    webhook_secret: str | None = None
+    """Signs webhooks Standard-Webhooks style when set (``whsec_`` + base64, or any string)."""
+
+    webhook_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to a webhook target and for each read; a whole send (connect,
+    request, answer) is allowed three times that."""
+
+    webhook_allow_http: bool = False
+    """Accept plain ``http://`` webhook targets (local development and tests only)."""
+
+    webhook_allowed_networks: Networks = Field(default_factory=list)
+    """Networks a webhook target may resolve to although they are internal (loopback, private,
+    link-local, ...), as comma-separated CIDRs: ``10.20.0.0/16,fd00:1::/64``. Empty by default,
+    so a producer cannot make notifier call the deployment's own services (SSRF); see
+    ``notifier/providers/netguard.py``."""
+
+    status_webhook_url: str | None = None
+    """Where notifier POSTs an event each time a row reaches a final status or a delivery state
+    (docs/delivery-feedback.md); unset: no events are written at all."""
+
+    status_webhook_secret: str | None = None
+    """Signs the status webhook's requests as ``NOTIFIER_WEBHOOK_SECRET`` signs webhooks."""
+
+    status_webhook_events: Annotated[list[str], NoDecode, parsed(parse_status_events)] = Field(
+        default_factory=lambda: list(STATUS_EVENTS)
+    )
+    """The statuses and delivery states that make an event, comma-separated."""
+
+    status_webhook_max_attempts: int = Field(30, gt=0)
+    """POSTs of one event before it is given up as ``dead`` (with the retry backoff, about a
+    day); a redirect or another 4xx than 408 and 429 gives it up at once."""
+
+    twilio_account_sid: str | None = None
+    """Account SID (``AC...``) of the Twilio account the ``sms`` channel sends through."""
+
+    twilio_auth_token: str | None = None
+    """Auth token of that account, the password of every request's HTTP basic auth."""
+
+    twilio_from: str | None = None
+    """Sender of every SMS: an E.164 number (``+14155550100``), an alphanumeric sender ID, or a
+    Messaging Service SID (``MG`` + 32 hex digits), sent as ``MessagingServiceSid`` so that
+    Twilio picks the number."""
+
+    twilio_api_base: str = "https://api.twilio.com"
+    """Base URL of Twilio's REST API; https, unless on loopback (tests, a local fake Twilio)."""
+
+    sms_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to Twilio and for each write and read of one send."""
+
+    fcm_credentials_file: Path | None = None
+    """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
+    is set, push rows are retried, never sent."""
+
+    fcm_project_id: str | None = None
+    """Firebase project to send through; the key file's ``project_id`` when unset."""
+
+    fcm_api_base: str = "https://fcm.googleapis.com"
+    """FCM's API as scheme and host only; ``https://`` (``http://`` only on loopback, for tests)."""
+
+    push_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to FCM or its token endpoint and for each read."""
+
+    guard_http_url: str | None = None
+    """Where the built-in ``http`` guard asks whether a row may still be sent."""
+
+    guard_http_timeout: float = Field(5.0, gt=0)
+    """Seconds the ``http`` guard waits to connect and for the answer; then the row is retried."""
+
+    @property
+    def longest_send_seconds(self) -> float:
+        """The longest one send can take before its provider's timeouts end it.
+
+        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
+        HTTP (webhooks, SMS, push) for the connection, the request and the response.
+        """
+        return max(
+            6 * self.smtp_timeout,
+            3 * self.webhook_timeout,
+            3 * self.sms_timeout,
+            6 * self.push_timeout,  # a token fetch, then the send
+        )

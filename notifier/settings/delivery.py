@@ -1,0 +1,130 @@
+"""The settings of the delivery itself: where rows and the broker live, how they are claimed and
+sent, retried and deferred, rewritten before a send, rate-limited, and kept afterwards."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, NoDecode
+
+from notifier.settings.parsed import parsed
+from notifier.specs import Window, parse_failover, parse_limits, parse_overrides
+
+
+class DeliverySettings(BaseSettings):
+    """Fields of ``Settings`` (``model.py``), the one class that reads them."""
+
+    database_url: str = "postgresql://postgres@localhost:5432/notifier"
+    """PostgreSQL holding the ``notifications`` table; ``postgresql://`` or
+    ``postgresql+psycopg://``."""
+
+    redis_url: str = "redis://localhost:6379/0"
+    """Redis: the Celery broker, and the home of the dispatcher's wake-up flag."""
+
+    dispatch_interval: float = Field(30.0, gt=0)
+    """Seconds between two beat-fired dispatches: the safety net that finds due rows."""
+
+    wake_on_insert: bool = True
+    """Workers LISTEN for inserted rows and dispatch at once (and at a delayed row's time),
+    instead of waiting for the next beat."""
+
+    batch_size: int = Field(100, gt=0, le=10_000)
+    """Rows one dispatch claims at a time when the queue is quiet: the first claim of every
+    dispatch, and every claim after a batch that came back short."""
+
+    max_batch_size: int = Field(1000, gt=0, le=10_000)
+    """Largest claim while a backlog remains. After a full batch the next claim is what this
+    process sent in the last half second (``BATCH_TARGET_SECONDS``), between ``batch_size`` and
+    this: fast rows are claimed a thousand at a time, slow or rate-limited ones stay small, so a
+    transactional row never waits long behind a campaign's batch. Set it to ``batch_size`` for
+    fixed batches."""
+
+    dispatch_budget_seconds: float = Field(20.0, gt=0)
+    """How long one dispatch task keeps claiming batches before it hands over to a fresh task."""
+
+    send_concurrency: int = Field(8, gt=0, le=256)
+    """Sends of one batch that run at once in a worker process's thread pool: those of providers
+    without ``send_async`` (email, SMS, push) and those of rows with a guard."""
+
+    async_send_concurrency: int = Field(100, gt=0, le=10_000)
+    """Sends of one batch that run at once on a worker process's event loop: rows without a guard
+    whose providers all have ``send_async`` (webhooks). A waiting coroutine costs little, unlike a
+    thread, so this is larger; each holds a keep-alive connection to its receiver. More than
+    ``batch_size`` never run at once."""
+
+    lease_seconds: int = Field(300, gt=0)
+    """How long a claimed row belongs to its worker before the rescue may take it back."""
+
+    heartbeat_seconds: float = Field(5.0, gt=0, le=60)
+    """How often each worker process renews its row in ``workers``, from a thread of its own.
+    A process silent for three of these is gone, and the rescue takes its rows back without
+    waiting for their lease."""
+
+    expected_workers: int = Field(1, gt=0, le=10_000)
+    """Worker containers (or machines) running at once, a rolling restart's extra included: a
+    worker refuses to start when that many could open more PostgreSQL connections than the
+    server allows (see docs/production.md, "Connection budget")."""
+
+    retry_base_seconds: float = Field(30.0, gt=0)
+    """Delay before the second attempt; it doubles for every attempt after that."""
+
+    retry_max_seconds: float = Field(3600.0, gt=0)
+    """Upper bound of the delay between two attempts."""
+
+    retry_jitter: float = Field(0.2, ge=0, lt=1)
+    """Fraction of a delay drawn at random and taken off it, so retries of a burst spread out."""
+
+    max_payload_bytes: int = Field(65_536, gt=0)
+    """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
+    the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
+
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    """Largest ``body`` a row may carry, in UTF-8 bytes; a bigger one makes the row ``dead``
+    without being read into the worker (a batch of huge bodies cannot fill its memory)."""
+
+    max_deferrals: int = Field(20, gt=0)
+    """How many times a row may be handed back because its receiver or provider asked us to slow
+    down (HTTP 429) before it is given up as ``dead``: a receiver that always answers 429 does
+    not keep a row waiting for ever."""
+
+    record_attempts: bool = True
+    """Keep one ``notification_attempts`` row per attempt (``notifier show`` tells the story)."""
+
+    default_locale: str = Field("en", min_length=1)
+    """Locale of the templates a templated row falls back to when it names no locale, or when
+    neither its own (``de-AT``) nor its language's (``de``) exists; see
+    ``notifier/delivery/prepare.py``."""
+
+    override_recipients: Annotated[dict[str, str], NoDecode, parsed(parse_overrides)] = Field(
+        default_factory=dict
+    )
+    """Staging safety: ``email=qa@example.com;sms=+14155550100`` sends every message of those
+    channels to that recipient instead of the row's, which stays in the database and reaches
+    the provider as ``payload.original_recipient``. Empty (the default) in production."""
+
+    failover: Annotated[dict[str, list[str]], NoDecode, parsed(parse_failover)] = Field(
+        default_factory=dict
+    )
+    """Providers of a channel tried in order when one fails transiently, by provider name:
+    ``email=email,email_backup;sms=sms,sms_backup``. A channel not named here is served by
+    the provider named like it."""
+
+    rate_limits: Annotated[dict[str, list[Window]], NoDecode, parsed(parse_limits)] = Field(
+        default_factory=dict
+    )
+    """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
+    (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/delivery/ratelimit.py``."""
+
+    retention_sent_days: float = Field(30.0, gt=0)
+    """``notifier purge`` and the daily ``notifier.purge`` task delete ``sent`` rows, and their
+    attempt history, this many days after they were sent."""
+
+    retention_dead_days: float = Field(365.0, gt=0)
+    """Days a ``dead`` row (and its history) is kept after it died, for ``notifier requeue``."""
+
+    retention_cancelled_days: float = Field(30.0, gt=0)
+    """Days a ``cancelled`` row (and its history) is kept after it was cancelled."""
+
+    audience_query_timeout: float = Field(300.0, gt=0)
+    """Seconds an audience ``--query`` may run (its ``statement_timeout``) before it is stopped."""
