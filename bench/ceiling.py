@@ -43,7 +43,7 @@ from bench.drains import insert_due, status_counts
 from bench.harness import BATCH, Bench, Line, Result, fmt_int
 from notifier.db import queue
 from notifier.db.engine import driver, make_engine
-from notifier.models import Transition
+from notifier.models import AttemptOutcome, Decision
 
 PROCESSES = 2  # one per core on the 2-core machine this was written for
 LEASE_SECONDS = 300
@@ -77,7 +77,14 @@ def _raw_loop(
                     break
                 now = time.time()
                 sent = [
-                    Transition(i, "sent", message_id=f"null-{i}", provider="null", sent_at=now)
+                    Decision(
+                        i,
+                        "null",
+                        AttemptOutcome.sent,
+                        message_id=f"null-{i}",
+                        provider="null",
+                        sent_at=now,
+                    )
                     for i in ids
                 ]
                 with conn.begin():

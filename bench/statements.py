@@ -45,7 +45,7 @@ from bench.drains import insert_due, status_counts
 from bench.harness import Bench, Line, fmt_int, positive
 from notifier.db import queue
 from notifier.db.engine import make_engine
-from notifier.models import Transition
+from notifier.models import AttemptOutcome, Decision
 from notifier.settings import Settings
 
 OPTIONS = ("rows", "keep")
@@ -95,7 +95,9 @@ def measure(bench: Bench) -> None:
             ids = [n.id for n in claimed]
             timed("recheck", queue.recheck, token, ids)
             now = time.time()
-            sent = [Transition(i, "sent", provider="null", sent_at=now) for i in ids]
+            sent = [
+                Decision(i, "null", AttemptOutcome.sent, provider="null", sent_at=now) for i in ids
+            ]
             timed("record", queue.record_outcomes, token, sent, "b")
             done += len(ids)
             if done - since >= segment or len(claimed) < batch:

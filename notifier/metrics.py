@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from notifier.db import stats, status_events
-from notifier.models import Attempt
+from notifier.models import Decision
 from notifier.providers import Registry
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Labels:
         return "|".join(quote(part, safe="") for part in (*self.bound(channel, provider), last))
 
 
-def record(client: redis.Redis, attempts: Sequence[Attempt], labels: Labels) -> None:
+def record(client: redis.Redis, attempts: Sequence[Decision], labels: Labels) -> None:
     """Count one batch's attempts, by channel, provider and outcome.
 
     Grouped first by their raw values, so a field is built once per series, not once per

@@ -123,43 +123,32 @@ class AttemptOutcome(StrEnum):
     requeued = "requeued"
 
 
-@dataclass(slots=True)  # not frozen: one is made per row attempted (see Transition)
-class Attempt:
-    """One attempt's entry in the history."""
-
-    id: int
-    attempt: int
-    channel: str
-    outcome: str
-    error: str | None
-    duration_ms: int | None
-    #: the provider that answered, when one was called
-    provider: str | None = None
+#: A recipient to add to ``suppressions``: (channel, recipient, reason, kind).
+Suppression = tuple[str, str, str, str]
 
 
 @dataclass(slots=True)  # not frozen: one is made per row recorded, and frozen costs 3x to make
-class Transition:
-    """One claimed row's way out of ``processing``, as recorded: its attempt's outcome
-    (``sent``, ``retry``, ``deferred``, ``dead`` or ``cancelled``) and what that writes."""
+class Decision:
+    """What one claimed row's attempt came to, decided once (``delivery.outcomes.plan``) and
+    carried whole: to the statement that moves the row out of ``processing`` and appends its
+    attempt to the history, to the suppressions, the metrics and the log."""
 
     id: int
-    outcome: str
+    channel: str
+    #: ``sent``, ``retry``, ``deferred``, ``dead`` or ``cancelled``
+    outcome: AttemptOutcome
     #: the reason, for every outcome but ``sent``
     error: str | None = None
     #: when a ``retry`` or ``deferred`` row is due again
     at: datetime | None = None
     message_id: str | None = None
+    #: the provider that answered, when one was called
     provider: str | None = None
     #: the Unix time the provider accepted it
     sent_at: float | None = None
     duration_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryAt:
-    id: int
-    error: str
-    at: datetime
+    #: the recipient the provider refused for good, to suppress with the record
+    suppress: Suppression | None = None
 
 
 def truncate(text: str, limit: int = 500) -> str:

@@ -22,8 +22,9 @@ from notifier.models import (
     MAX_NAME_LENGTH,
     MAX_RECIPIENT_LENGTH,
     MAX_SUBJECT_LENGTH,
+    AttemptOutcome,
+    Decision,
     Notification,
-    Transition,
 )
 
 V = TypeVar("V")
@@ -84,48 +85,48 @@ CLAIM_PLAN = "SET LOCAL enable_sort = off"
 RECORD_PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
 # One guarded statement records a whole group of outcomes, from parallel arrays (as River's
-# JobSetStateIfRunningMany does): each row's way out of ``processing``, what it carries, and,
-# when a worker is named, its attempt appended to the history. The outcome travels as its
-# position in ``OUTCOMES``. A column with nothing in it travels as an empty array (``unnest``
-# pads it with NULLs): a group of plain sends parses no codes, errors or retry times, and no
-# outcome code means ``sent``. ``sent_at`` is when the provider accepted the row (the worker's
-# clock, as Unix time), never later than now(). A sent row keeps no ``last_error``: an earlier
-# attempt's error stays in the history, not beside ``sent``. A deferred row gives its attempt
-# back and counts a deferral instead; the history keeps the attempt's number.
-OUTCOMES = ("sent", "retry", "deferred", "dead", "cancelled")
-_OUTCOME_NAMES = "ARRAY[" + ", ".join(f"'{o}'" for o in OUTCOMES) + "]"
+# JobSetStateIfRunningMany does with its ``state text[]``): each row's way out of
+# ``processing`` by the name of its outcome, what it carries, and, when a worker is named, its
+# attempt appended to the history. A column with nothing in it travels as an empty array
+# (``unnest`` pads it with NULLs): a group of plain sends parses no outcome names, errors or
+# retry times, and no outcome means ``sent``. ``sent_at`` is when the provider accepted the row
+# (the worker's clock, as Unix time), never later than now(). A sent row keeps no
+# ``last_error``: an earlier attempt's error stays in the history, not beside ``sent``. A
+# deferred row gives its attempt back and counts a deferral instead; the history keeps the
+# attempt's number.
 RECORD_OUTCOMES = text(
-    f"""
+    """
     WITH changed AS (
         UPDATE notifications AS n
-           SET status = CASE WHEN v.code IN (2, 3) THEN 'pending'
-                             ELSE ({_OUTCOME_NAMES})[v.code] END,
+           SET status = CASE WHEN v.outcome IN ('retry', 'deferred') THEN 'pending'
+                             ELSE v.outcome END,
                updated_at = now(), locked_until = NULL,
-               sent_at = CASE WHEN v.code = 1 THEN least(to_timestamp(v.sent_at), now())
+               sent_at = CASE WHEN v.outcome = 'sent'
+                              THEN least(to_timestamp(v.sent_at), now())
                               ELSE n.sent_at END,
-               provider_message_id = CASE WHEN v.code = 1 THEN v.message_id
+               provider_message_id = CASE WHEN v.outcome = 'sent' THEN v.message_id
                                           ELSE n.provider_message_id END,
-               provider = CASE WHEN v.code = 1 THEN v.provider ELSE n.provider END,
-               last_error = CASE WHEN v.code = 1 THEN NULL ELSE v.error END,
+               provider = CASE WHEN v.outcome = 'sent' THEN v.provider ELSE n.provider END,
+               last_error = CASE WHEN v.outcome = 'sent' THEN NULL ELSE v.error END,
                next_attempt_at = coalesce(to_timestamp(v.next_at), n.next_attempt_at),
-               attempts = n.attempts - CASE WHEN v.code = 3 AND n.attempts > 0 THEN 1 ELSE 0 END,
-               deferrals = n.deferrals + CASE WHEN v.code = 3 THEN 1 ELSE 0 END
-          FROM (SELECT id, coalesce(code, 1) AS code, error, next_at, message_id, provider,
-                       sent_at, duration_ms
-                  FROM unnest(CAST(:ids AS bigint[]), CAST(:codes AS int[]),
+               attempts = n.attempts
+                          - CASE WHEN v.outcome = 'deferred' AND n.attempts > 0 THEN 1 ELSE 0 END,
+               deferrals = n.deferrals + CASE WHEN v.outcome = 'deferred' THEN 1 ELSE 0 END
+          FROM (SELECT id, coalesce(outcome, 'sent') AS outcome, error, next_at, message_id,
+                       provider, sent_at, duration_ms
+                  FROM unnest(CAST(:ids AS bigint[]), CAST(:outcomes AS text[]),
                               CAST(:errors AS text[]), CAST(:next_at AS float8[]),
                               CAST(:message_ids AS text[]), CAST(:providers AS text[]),
                               CAST(:sent_at AS float8[]), CAST(:durations AS int[]))
-                       AS u(id, code, error, next_at, message_id, provider, sent_at,
+                       AS u(id, outcome, error, next_at, message_id, provider, sent_at,
                             duration_ms)) AS v
          WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-        RETURNING n.id, n.attempts + CASE WHEN v.code = 3 THEN 1 ELSE 0 END AS attempt,
-                  n.channel, v.code, v.error, v.duration_ms, v.provider
+        RETURNING n.id, n.attempts + CASE WHEN v.outcome = 'deferred' THEN 1 ELSE 0 END
+                  AS attempt, n.channel, v.outcome, v.error, v.duration_ms, v.provider
     ), history AS (
         INSERT INTO notification_attempts
                (notification_id, attempt, worker, channel, outcome, error, duration_ms, provider)
-        SELECT id, attempt, CAST(:worker AS text), channel, ({_OUTCOME_NAMES})[code],
-               error, duration_ms, provider
+        SELECT id, attempt, CAST(:worker AS text), channel, outcome, error, duration_ms, provider
           FROM changed
          WHERE CAST(:worker AS text) IS NOT NULL
     )
@@ -251,27 +252,29 @@ def claim_due(
 
 
 def record_outcomes(
-    conn: Connection, token: UUID, outcomes: Sequence[Transition], worker: str | None = None
+    conn: Connection, token: UUID, outcomes: Sequence[Decision], worker: str | None = None
 ) -> int:
-    """Each row still held by ``token`` leaves ``processing`` as its ``Transition`` says, in one
+    """Each row still held by ``token`` leaves ``processing`` as its ``Decision`` says, in one
     statement; how many rows it changed. With ``worker`` named, the changed rows' attempts are
     appended to ``notification_attempts`` by the same statement."""
     if not outcomes:
         return 0
-    codes = [None if t.outcome == "sent" else OUTCOMES.index(t.outcome) + 1 for t in outcomes]
+    sent = AttemptOutcome.sent
     params = {
         "token": token,
         "worker": worker,
-        "ids": number_array(t.id for t in outcomes),
-        "codes": _column(number_array, codes),
-        "errors": _column(text_array, [t.error for t in outcomes]),
-        "next_at": _column(
-            number_array, [None if t.at is None else t.at.timestamp() for t in outcomes]
+        "ids": number_array(d.id for d in outcomes),
+        "outcomes": _column(
+            text_array, [None if d.outcome is sent else d.outcome.value for d in outcomes]
         ),
-        "message_ids": _column(text_array, [t.message_id for t in outcomes]),
-        "providers": _column(text_array, [t.provider for t in outcomes]),
-        "sent_at": _column(number_array, [t.sent_at for t in outcomes]),
-        "durations": _column(number_array, [t.duration_ms for t in outcomes]),
+        "errors": _column(text_array, [d.error for d in outcomes]),
+        "next_at": _column(
+            number_array, [None if d.at is None else d.at.timestamp() for d in outcomes]
+        ),
+        "message_ids": _column(text_array, [d.message_id for d in outcomes]),
+        "providers": _column(text_array, [d.provider for d in outcomes]),
+        "sent_at": _column(number_array, [d.sent_at for d in outcomes]),
+        "durations": _column(number_array, [d.duration_ms for d in outcomes]),
     }
     driver(conn).execute(RECORD_PLAN)
     return int(conn.execute(RECORD_OUTCOMES, params).scalar_one())

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from notifier.delivery.outcomes import Result
+from notifier.delivery.outcomes import Attempt
 from notifier.models import Notification
 
 # The batch line is the dispatcher's, where operators filter for it.
@@ -68,12 +68,12 @@ RECORD_WITHIN = 0.025
 class Unrecorded:
     """A batch's outcomes not recorded yet, and since when the oldest of them waits."""
 
-    def __init__(self, rows: dict[int, Notification], results: dict[int, Result]) -> None:
+    def __init__(self, rows: dict[int, Notification], results: dict[int, Attempt]) -> None:
         self.rows = rows
         self.results = results
         self._since = time.monotonic() if results else None
 
-    def add(self, results: dict[int, Result]) -> None:
+    def add(self, results: dict[int, Attempt]) -> None:
         if results and self._since is None:
             self._since = time.monotonic()
         self.results.update(results)
@@ -85,7 +85,7 @@ class Unrecorded:
         waited = time.monotonic() - self._since
         return len(self.results) >= RECORD_GROUP or waited >= RECORD_WITHIN
 
-    def take(self) -> dict[int, Result]:
+    def take(self) -> dict[int, Attempt]:
         """The outcomes to record, leaving none."""
         taken, self.results = self.results, {}
         self._since = None

@@ -27,53 +27,42 @@ import secrets
 import socket
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from uuid import UUID, uuid4
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from notifier.db import queue
 from notifier.delivery import guards as guards_module
 from notifier.delivery.batch import BatchReport, Unrecorded
 from notifier.delivery.checks import RowCheck, named
-from notifier.delivery.guards import GuardError, Skip
-from notifier.delivery.outcomes import Cancelled, Result, attempts_of, explain, plan
+from notifier.delivery.durable import until_committed
+from notifier.delivery.outcomes import Attempt, Cancelled, Result, explain, plan
+from notifier.delivery.pacing import Pacing, SendingPaused
 from notifier.delivery.prepare import Content
 from notifier.delivery.ratelimit import Limiter, NoLimits
 from notifier.delivery.recorder import Recorder
 from notifier.delivery.retry import RetryPolicy
 from notifier.delivery.sender import Sender
-from notifier.models import Attempt, Notification
-from notifier.providers import (
-    Permanent,
-    Registry,
-    Retry,
-    chains,
-)
+from notifier.models import AttemptOutcome, Decision, Notification
+from notifier.providers import Permanent, Registry, Retry, chains
 from notifier.settings import Settings
+
+__all__ = ["BATCH_TARGET_SECONDS", "RECHECK_AFTER", "Dispatcher", "SendingPaused", "process_name"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Seconds after which rows about to be sent are looked at again (cancelled? paused?).
 RECHECK_AFTER = 0.2
-#: Shortest wait before asking the rate limiter again: at 500/s the next token is 2 ms away, and
-#: asking that often takes one token per round trip to Redis; 20 ms takes about ten.
-LIMITER_PACE = 0.02
-
 
 #: How long a batch should take at the pace of the last one, when a backlog remains: long enough
 #: to claim fast rows by the thousand, short enough that a transactional row claimed by the next
 #: batch waits well under a second behind a campaign's.
 BATCH_TARGET_SECONDS = 0.5
-
-
-class SendingPaused(Exception):
-    """Nothing may be sent now (e.g. Redis, home of the rate limits, is unreachable)."""
 
 
 def _always_open() -> None:
@@ -101,7 +90,7 @@ class Dispatcher:
         stopping: threading.Event | None = None,
         guards: guards_module.Registry | None = None,
         limiter: Limiter | None = None,
-        observe: Callable[[list[Attempt]], None] = lambda attempts: None,
+        observe: Callable[[list[Decision]], None] = lambda decisions: None,
         content: Content | None = None,
     ) -> None:
         self.engine = engine
@@ -114,17 +103,17 @@ class Dispatcher:
         )
         self.worker = worker or process_name()
         self.clock = clock
-        self.gate = gate
         self.stopping = stopping or threading.Event()
         self.guards = guards if guards is not None else guards_module.registry_of([])
-        self.limiter: Limiter = limiter or NoLimits()
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
         self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
         self._chains = chains(registry, settings.failover)
         self._sender = Sender(self._chains, settings)
         self._check = RowCheck(self._chains, settings, clock)
-        self._recorder = Recorder(engine, settings, self.worker, self.content)
+        self._pacing = Pacing(limiter or NoLimits(), self._chains, gate)
+        history_by = self.worker if settings.record_attempts else None
+        self._recorder = Recorder(engine, history_by, within=settings.lease_seconds)
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -172,7 +161,7 @@ class Dispatcher:
         if self.stopping.is_set():
             return report
         try:
-            self.gate()
+            self._pacing.gate()
         except SendingPaused as exc:
             log.warning("sending paused, claiming nothing: %s", exc)
             report.paused = str(exc)
@@ -219,7 +208,8 @@ class Dispatcher:
                 ready.append(n)
             else:
                 results[n.id] = early
-        unrecorded = Unrecorded({n.id: n for n in rows}, results)
+        early_sends = {i: Attempt(result) for i, result in results.items()}
+        unrecorded = Unrecorded({n.id: n for n in rows}, early_sends)
         try:
             self._send_all(token, ready, deadline, unrecorded, report)
             self._record(token, unrecorded, report)
@@ -231,39 +221,39 @@ class Dispatcher:
 
     def _record(self, token: UUID, unrecorded: Unrecorded, report: BatchReport) -> None:
         """Decide and record the outcomes not recorded yet, in one transaction."""
-        results = unrecorded.take()
-        if not results:
+        sends = unrecorded.take()
+        if not sends:
             return
-        attempted = [unrecorded.rows[i] for i in results]
+        attempted = [unrecorded.rows[i] for i in sends]
         decided = plan(
             attempted,
-            results,
+            sends,
             self.policy,
             self.clock(),
             max_deferrals=self.settings.max_deferrals,
+            overrides=self.content.overrides,
         )
-        for scope, seconds in decided.throttled.items():
-            self._block(scope, seconds)
-        sender = self._sender
-        history = attempts_of(attempted, decided, sender.durations, sender.used)
-        ended = {i: sender.ended[i] for i in results if i in sender.ended}
-        changed = self._recorder.record(token, decided, history, ended, attempted, results)
-        sender.forget(results)
-        report.stale += len(results) - changed
-        self.observe(history)
+        self._pacing.block(decided.throttled)
+        changed = self._recorder.record(token, decided)
+        report.stale += len(sends) - changed
+        self.observe(decided.decisions)
         explain(attempted, decided, log)
-        report.sent += len(decided.sent)
-        report.dead += len(decided.dead)
-        report.retried += len(decided.retries)
-        report.cancelled += len(decided.cancelled)
-        report.released += len(decided.deferred)
+        report.sent += decided.count(AttemptOutcome.sent)
+        report.dead += decided.count(AttemptOutcome.dead)
+        report.retried += decided.count(AttemptOutcome.retry)
+        report.cancelled += decided.count(AttemptOutcome.cancelled)
+        report.released += decided.count(AttemptOutcome.deferred)
+
+    def _durably(self, statements: Callable[[Connection], T]) -> T:
+        """``statements`` in a transaction run again until it commits (``durable``)."""
+        return until_committed(self.engine, statements, within=self.settings.lease_seconds)
 
     def _prepare(self, rows: list[Notification]) -> tuple[list[Notification], dict[int, Result]]:
         """``Content.prepare``, with one row's failure kept to that row: when preparing the
         batch raises anything but a database error, each row is prepared alone, and a row that
         still raises is ``dead``, naming the exception."""
         try:
-            return self._recorder.write(lambda c: self.content.prepare(rows, c))
+            return self._durably(lambda c: self.content.prepare(rows, c))
         except DBAPIError:
             raise
         except Exception as exc:
@@ -287,7 +277,7 @@ class Dispatcher:
         unrecorded: Unrecorded,
         report: BatchReport,
     ) -> None:
-        """Send ``rows`` as fast as the rate limits allow, several at a time, recording their
+        """Attempt ``rows`` as fast as the rate limits allow, several at a time, recording their
         outcomes in small groups as they come (``RECORD_GROUP``, ``RECORD_WITHIN``).
 
         Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
@@ -303,25 +293,25 @@ class Dispatcher:
         the rescue hands out again (counted in ``rescues``).
         """
         sender = self._sender
-        queue = rows  # not yet granted by the rate limits
+        waiting = rows  # not yet granted by the rate limits
         ready: list[Notification] = []  # granted, not yet started
         looked = time.monotonic()
         overdue = deadline + self.settings.longest_send_seconds
-        while queue or ready or sender.running:
+        while waiting or ready or sender.running:
             pause = 0.05
             closing = self.stopping.is_set() or time.monotonic() >= deadline
-            if queue and not closing:
+            if waiting and not closing:
                 try:
-                    queue = self._not_held(token, queue, report)
-                    granted, queue, pause = self._grant(queue)
+                    waiting = self._not_held(token, waiting, report)
+                    granted, waiting, pause = self._pacing.grant(waiting)
                     ready += granted
                 except SendingPaused as exc:
                     log.warning("sending paused, handing rows back: %s", exc)
                     report.paused = str(exc)
                     closing = True
-            if closing and (queue or ready):
-                report.released += self._recorder.release(token, [n.id for n in queue + ready])
-                queue, ready = [], []
+            if closing and (waiting or ready):
+                report.released += self._release(token, [n.id for n in waiting + ready])
+                waiting, ready = [], []
             if ready and time.monotonic() - looked > RECHECK_AFTER:
                 ready = self._still_wanted(token, ready, report)
                 looked = time.monotonic()
@@ -330,7 +320,7 @@ class Dispatcher:
                 unrecorded.add(sender.wait(pause))
                 if sender.running and time.monotonic() > overdue:
                     unrecorded.add(sender.abandon())
-            elif queue and not ready:
+            elif waiting and not ready:
                 self.stopping.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
             if unrecorded.due():
                 self._record(token, unrecorded, report)
@@ -338,7 +328,7 @@ class Dispatcher:
     def _start(
         self, token: UUID, ready: list[Notification], unrecorded: Unrecorded
     ) -> list[Notification]:
-        """Send the inline rows at once and start the others as slots allow; return the rest."""
+        """Attempt the inline rows at once and start the others as slots allow; return the rest."""
         if ready and self._sender.inline(ready[0]):
             sent = {}
             for n in ready:  # no I/O: not worth a thread, and done at once
@@ -352,89 +342,47 @@ class Dispatcher:
         self, token: UUID, rows: list[Notification], report: BatchReport
     ) -> list[Notification]:
         """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
-        held, paused = self._recorder.write(lambda c: queue.recheck(c, token, (n.id for n in rows)))
+        held, paused = self._durably(lambda c: queue.recheck(c, token, (n.id for n in rows)))
         report.stale += sum(1 for n in rows if n.id not in held)
         if paused:
-            report.released += self._recorder.write(lambda c: queue.park_claimed(c, token, paused))
+            report.released += self._durably(lambda c: queue.park_claimed(c, token, paused))
         return [n for n in rows if n.id in held and n.id not in paused]
 
-    def _grant(
-        self, queue: list[Notification]
-    ) -> tuple[list[Notification], list[Notification], float]:
-        """Ask the limiter for every channel in ``queue``: (granted, still waiting, how long)."""
-        self.gate()  # whatever the limits, nothing is sent while the gate is closed
-        by_channel: dict[str, list[Notification]] = defaultdict(list)
-        for n in queue:
-            by_channel[n.channel].append(n)
-        granted: list[Notification] = []
-        rest: list[Notification] = []
-        pause = 0.05
-        for channel, group in by_channel.items():
-            try:
-                count, wait_seconds = self.limiter.acquire(channel, len(group))
-            except Exception as exc:
-                raise SendingPaused(f"rate limiter unavailable ({exc})") from exc
-            granted += group[:count]
-            if count < len(group):
-                rest += group[count:]
-                pause = min(pause, max(wait_seconds, LIMITER_PACE))
-        return granted, rest, pause
-
     def _not_held(
-        self, token: UUID, queue: list[Notification], report: BatchReport
+        self, token: UUID, waiting: list[Notification], report: BatchReport
     ) -> list[Notification]:
-        """``queue`` without the rows whose receiver asked every worker to wait (a webhook's
+        """``waiting`` without the rows whose receiver asked every worker to wait (a webhook's
         429): those are handed back, due when the hold ends, without using up an attempt."""
-        scopes: dict[int, str] = {}
-        for n in queue:
-            scope = self._chains[n.channel][0].throttle_scope(n)
-            if scope is not None:
-                scopes[n.id] = scope
-        if not scopes:
-            return queue
-        try:
-            held = self.limiter.held(sorted(set(scopes.values())))
-        except Exception as exc:
-            raise SendingPaused(f"rate limiter unavailable ({exc})") from exc
-        if not held:
-            return queue
-        waiting: dict[float, list[int]] = defaultdict(list)
-        for row_id, scope in scopes.items():
-            if scope in held:
-                waiting[held[scope]].append(row_id)
+        rest, holds = self._pacing.held_back(waiting)
         now = self.clock()
-        for seconds, ids in waiting.items():
-            report.released += self._recorder.release(
+        for seconds, ids in holds.items():
+            report.released += self._release(
                 token,
                 ids,
                 not_before=now + timedelta(seconds=seconds),
                 reason="its receiver asked every worker to wait (HTTP 429)",
             )
-        return [n for n in queue if scopes.get(n.id) not in held]
+        return rest
 
-    def _block(self, scope: str, seconds: float) -> None:
-        try:
-            self.limiter.block(scope, seconds)
-        except Exception:  # the rows are deferred anyway; this only spares the receiver
-            log.warning("could not hold %s back for %.0fs in the limiter", scope, seconds)
+    def _release(
+        self,
+        token: UUID,
+        ids: list[int],
+        *,
+        not_before: datetime | None = None,
+        reason: str | None = None,
+    ) -> int:
+        return self._durably(
+            lambda c: queue.release(c, token, ids, not_before=not_before, reason=reason)
+        )
 
     def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
         """The guard's objection as a result, or ``None`` if the row may be sent now."""
-        guard = self.guards.get(n.guard or "")
-        if guard is None:
-            known = ", ".join(sorted(self.guards)) or "none"
-            return Permanent(f"unknown guard {n.guard!r}; this deployment has: {known}")
-        try:
-            verdict = guard.check(n)
-        except GuardError as exc:
-            return Retry(f"guard {n.guard}: {exc}")
-        except Exception as exc:  # a guard bug is not a reason to send
-            log.exception("guard %s raised on notification %d", n.guard, n.id)
-            return Retry(f"guard {n.guard} raised {type(exc).__name__}: {exc}")
-        if isinstance(verdict, Skip):
-            return Cancelled(verdict.reason)
+        objection = guards_module.objection(self.guards, n)
+        if objection is not None:
+            return objection
         # Asking took time: look once more that nobody cancelled the row meanwhile.
-        held, paused = self._recorder.write(lambda c: queue.recheck(c, token, [n.id]))
+        held, paused = self._durably(lambda c: queue.recheck(c, token, [n.id]))
         if n.id not in held:
             return Cancelled("cancelled while its guard was consulted")
         if n.id in paused:

@@ -12,6 +12,7 @@ Guards register in the ``notifier.delivery.guards`` entry-point group, like prov
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -19,10 +20,14 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import httpx
 
 from notifier import plugins
+from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import Notification, truncate
+from notifier.providers import Permanent, Retry
 from notifier.settings import Settings
 
 ENTRY_POINT_GROUP = "notifier.guards"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,26 @@ class Guard(Protocol):
 
 
 Registry = plugins.Registry[Guard]
+
+
+def objection(guards: Registry, n: Notification) -> Result | None:
+    """What ``n``'s guard holds against sending it now, as its result: ``Cancelled`` for a
+    ``Skip``, ``Retry`` when the guard cannot decide or raises (a guard bug is no reason to
+    send), ``Permanent`` for a guard this deployment does not have; ``None`` to go ahead."""
+    guard = guards.get(n.guard or "")
+    if guard is None:
+        known = ", ".join(sorted(guards)) or "none"
+        return Permanent(f"unknown guard {n.guard!r}; this deployment has: {known}")
+    try:
+        verdict = guard.check(n)
+    except GuardError as exc:
+        return Retry(f"guard {n.guard}: {exc}")
+    except Exception as exc:
+        log.exception("guard %s raised on notification %d", n.guard, n.id)
+        return Retry(f"guard {n.guard} raised {type(exc).__name__}: {exc}")
+    if isinstance(verdict, Skip):
+        return Cancelled(verdict.reason)
+    return None
 
 
 def _name(guard: Guard) -> str:

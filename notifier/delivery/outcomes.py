@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from notifier.delivery.retry import RetryPolicy, next_attempt_at
 from notifier.logs import mask_recipient
-from notifier.models import Attempt, Notification, RetryAt, truncate
+from notifier.models import AttemptOutcome, Decision, Notification, Suppression, truncate
 from notifier.providers import Outcome, Permanent, Sent
 
 
@@ -25,55 +25,64 @@ class Cancelled:
 Result = Outcome | Cancelled
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row's result as the sender hands it back: with how long its send took (seconds, the
+    guard included), when it ended (Unix time: the row's ``sent_at``) and the provider that
+    answered last. A result decided before any send (a check, a template) carries none."""
+
+    result: Result
+    seconds: float | None = None
+    ended: float | None = None
+    provider: str | None = None
+
+
 @dataclass(slots=True)
 class Plan:
-    """The writes that record one batch's outcomes."""
+    """A batch's decisions, one per row in the order the rows came, and the longest back-off
+    asked for by channel or receiver (``Retry.scope``), which the limiter holds every worker to."""
 
-    sent: dict[int, str | None] = field(default_factory=dict)
-    retries: list[RetryAt] = field(default_factory=list)
-    #: throttled by the provider: pending again later, attempt not used up
-    deferred: list[RetryAt] = field(default_factory=list)
-    dead: dict[int, str] = field(default_factory=dict)
-    cancelled: dict[int, str] = field(default_factory=dict)
-    #: the longest back-off asked for, by channel, or by receiver (``Retry.scope``)
+    decisions: list[Decision] = field(default_factory=list)
     throttled: dict[str, float] = field(default_factory=dict)
+
+    def count(self, outcome: AttemptOutcome) -> int:
+        return sum(1 for d in self.decisions if d.outcome is outcome)
 
     def ids(self) -> list[int]:
         """Every row the plan writes, in id order."""
-        retried = [r.id for r in (*self.retries, *self.deferred)]
-        return sorted({*self.sent, *retried, *self.dead, *self.cancelled})
+        return sorted(d.id for d in self.decisions)
 
     def only(self, ids: Collection[int]) -> Plan:
         """The part of the plan that writes these rows."""
         keep = set(ids)
-        return Plan(
-            sent={i: m for i, m in self.sent.items() if i in keep},
-            retries=[r for r in self.retries if r.id in keep],
-            deferred=[r for r in self.deferred if r.id in keep],
-            dead={i: e for i, e in self.dead.items() if i in keep},
-            cancelled={i: e for i, e in self.cancelled.items() if i in keep},
-        )
+        return Plan([d for d in self.decisions if d.id in keep])
 
     def plainly(self, why: str) -> Plan:
-        """The same transitions with nothing a provider or receiver wrote: no message ids, and
-        ``why`` for every error. For a row whose outcome the database would not store."""
+        """The same transitions with nothing a provider or receiver wrote: no message ids, no
+        suppression, and ``why`` for every error. For a row whose outcome the database would
+        not store."""
         return Plan(
-            sent=dict.fromkeys(self.sent),
-            retries=[RetryAt(r.id, why, r.at) for r in self.retries],
-            deferred=[RetryAt(r.id, why, r.at) for r in self.deferred],
-            dead=dict.fromkeys(self.dead, why),
-            cancelled=dict.fromkeys(self.cancelled, why),
+            [
+                replace(
+                    d,
+                    message_id=None,
+                    error=None if d.outcome is AttemptOutcome.sent else why,
+                    suppress=None,
+                )
+                for d in self.decisions
+            ]
         )
 
 
 def plan(
     claimed: Sequence[Notification],
-    outcomes: Mapping[int, Result],
+    sends: Mapping[int, Attempt],
     policy: RetryPolicy,
     now: datetime,
     rand: Callable[[], float] = random.random,
     *,
     max_deferrals: int = 20,
+    overrides: Mapping[str, str] | None = None,
 ) -> Plan:
     """Decide each row's next status from its result. Pure.
 
@@ -82,49 +91,67 @@ def plan(
     counting the attempt, unless the row has been deferred ``max_deferrals`` times already
     (``dead``) or the wait would outlast its ``expires_at`` (``cancelled``). Every text that
     reaches the database is cleaned and bounded (``truncate``). Whatever a result holds, each
-    row gets a decision: one that cannot be made makes that row ``dead``, naming why.
+    row gets a decision: one that cannot be made makes that row ``dead``, naming why. A
+    ``Permanent(suppress=True)`` carries its recipient to suppress: the address the message
+    went to, the channel's override (``overrides``) when there is one.
     """
     result = Plan()
     for n in claimed:
+        decision = Decision(n.id, n.channel, AttemptOutcome.dead)
         try:
-            _decide(result, n, outcomes[n.id], policy, now, rand, max_deferrals)
+            send = sends[n.id]
+            decision.provider = send.provider
+            decision.duration_ms = None if send.seconds is None else round(send.seconds * 1000)
+            _decide(decision, n, send.result, policy, now, rand, max_deferrals, result.throttled)
+            if decision.outcome is AttemptOutcome.sent:
+                decision.sent_at = send.ended
+            elif isinstance(send.result, Permanent) and send.result.suppress:
+                decision.suppress = _suppression(n, send.result, overrides or {})
         except Exception as exc:
-            result.dead[n.id] = truncate(f"deciding its outcome raised {type(exc).__name__}: {exc}")
+            decision.outcome = AttemptOutcome.dead
+            decision.error = truncate(f"deciding its outcome raised {type(exc).__name__}: {exc}")
+        result.decisions.append(decision)
     return result
 
 
 def _decide(
-    result: Plan,
+    d: Decision,
     n: Notification,
     outcome: Result,
     policy: RetryPolicy,
     now: datetime,
     rand: Callable[[], float],
     max_deferrals: int,
+    throttled: dict[str, float],
 ) -> None:
     if isinstance(outcome, Sent):
         message_id = outcome.provider_message_id
-        result.sent[n.id] = None if message_id is None else truncate(str(message_id), 255)
+        d.outcome = AttemptOutcome.sent
+        d.message_id = None if message_id is None else truncate(str(message_id), 255)
     elif isinstance(outcome, Permanent):
-        result.dead[n.id] = truncate(outcome.error)
+        d.outcome, d.error = AttemptOutcome.dead, truncate(outcome.error)
     elif isinstance(outcome, Cancelled):
-        result.cancelled[n.id] = truncate(outcome.reason)
+        d.outcome, d.error = AttemptOutcome.cancelled, truncate(outcome.reason)
     elif outcome.throttled:
         error = truncate(outcome.error)
         wait = _wait(outcome.retry_after) or policy.delay(max(n.attempts, 1), rand)
         wait = min(wait, policy.cap)
         until = now + timedelta(seconds=wait)
         if n.deferrals >= max_deferrals:
-            result.dead[n.id] = (
-                f"gave up after being asked to slow down {n.deferrals + 1} times "
-                f"(NOTIFIER_MAX_DEFERRALS={max_deferrals}); last answer: {error}"
+            d.outcome, d.error = (
+                AttemptOutcome.dead,
+                (
+                    f"gave up after being asked to slow down {n.deferrals + 1} times "
+                    f"(NOTIFIER_MAX_DEFERRALS={max_deferrals}); last answer: {error}"
+                ),
             )
         elif n.expires_at is not None and until >= n.expires_at:
-            result.cancelled[n.id] = f"expired while its receiver asked to wait: {error}"
+            d.outcome = AttemptOutcome.cancelled
+            d.error = f"expired while its receiver asked to wait: {error}"
         else:
-            result.deferred.append(RetryAt(n.id, error, until))
+            d.outcome, d.error, d.at = AttemptOutcome.deferred, error, until
         key = outcome.scope or n.channel
-        result.throttled[key] = max(result.throttled.get(key, 0.0), wait)
+        throttled[key] = max(throttled.get(key, 0.0), wait)
     else:
         at = next_attempt_at(
             policy,
@@ -136,9 +163,20 @@ def _decide(
         )
         error = truncate(outcome.error)
         if at is None:
-            result.dead[n.id] = f"gave up after {n.attempts} attempts; last error: {error}"
+            d.outcome = AttemptOutcome.dead
+            d.error = f"gave up after {n.attempts} attempts; last error: {error}"
         else:
-            result.retries.append(RetryAt(n.id, error, at))
+            d.outcome, d.error, d.at = AttemptOutcome.retry, error, at
+
+
+def _suppression(n: Notification, refused: Permanent, overrides: Mapping[str, str]) -> Suppression:
+    """The entry that keeps anything more from going to a recipient refused for good."""
+    return (
+        n.channel,
+        overrides.get(n.channel, n.recipient),
+        truncate(f"hard bounce ({refused.error})"),
+        "invalid" if n.channel == "push" else "bounce",
+    )
 
 
 def _wait(retry_after: float | None) -> float | None:
@@ -148,48 +186,20 @@ def _wait(retry_after: float | None) -> float | None:
     return float(retry_after)
 
 
-def attempts_of(
-    rows: Sequence[Notification],
-    decided: Plan,
-    durations: Mapping[int, float],
-    providers: Mapping[int, str],
-) -> list[Attempt]:
-    """The history entries of a batch's attempts, from its plan."""
-    outcome: dict[int, tuple[str, str | None]] = {}
-    for row_id in decided.sent:
-        outcome[row_id] = ("sent", None)
-    for r in decided.retries:
-        outcome[r.id] = ("retry", r.error)
-    for r in decided.deferred:
-        outcome[r.id] = ("deferred", r.error)
-    for row_id, why in decided.dead.items():
-        outcome[row_id] = ("dead", why)
-    for row_id, reason in decided.cancelled.items():
-        outcome[row_id] = ("cancelled", reason)
-    history = []
-    for n in rows:
-        kind, error = outcome[n.id]
-        seconds = durations.get(n.id)
-        ms = None if seconds is None else round(seconds * 1000)
-        provider = providers.get(n.id)
-        history.append(Attempt(n.id, n.attempts, n.channel, kind, error, ms, provider))
-    return history
-
-
 def explain(rows: Sequence[Notification], decided: Plan, log: logging.Logger) -> None:
     """One log line for every row that did not go out this time, saying why: its id, channel,
     masked recipient, what became of it and the reason (a batch's summary only counts them)."""
     by_id = {n.id: n for n in rows}
-    lines: list[tuple[int, str, int, str]] = [
-        *((logging.INFO, "retry", r.id, r.error) for r in decided.retries),
-        *((logging.INFO, "deferred", r.id, r.error) for r in decided.deferred),
-        *((logging.WARNING, "dead", i, why) for i, why in decided.dead.items()),
-        *((logging.INFO, "cancelled", i, why) for i, why in decided.cancelled.items()),
+    lines = [
+        (logging.WARNING if d.outcome is AttemptOutcome.dead else logging.INFO, d)
+        for d in decided.decisions
+        if d.outcome is not AttemptOutcome.sent
     ]
-    for level, outcome, row_id, reason in lines:
-        n = by_id.get(row_id)
+    for level, d in lines:
+        n = by_id.get(d.id)
         if n is None:
             continue
+        outcome, reason = d.outcome.value, d.error
         recipient = mask_recipient(n.recipient)
         log.log(
             level,

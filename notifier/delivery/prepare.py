@@ -15,11 +15,12 @@
    and ``SELECT notifier_lift_opt_out('email', 'ann@example.com')`` lifts an opt-out (never a
    bounce or complaint). notifier adds one itself when a provider refuses the recipient for
    good (``Permanent(suppress=True)``: an SMTP ``RCPT TO`` answered ``550 5.1.1``, kind
-   ``bounce``; a push token FCM calls unregistered, kind ``invalid``), through
-   ``Content.record_suppressions``. Entries are stored and
-   matched by one rule (``suppression_recipient``, see ``notifier.db.suppressions``): email
-   addresses without surrounding whitespace and case-insensitively (``Ann@Example.COM`` is
-   ``ann@example.com``), other channels' recipients exactly as written.
+   ``bounce``; a push token FCM calls unregistered, kind ``invalid``): the decision made of
+   that answer carries the entry (``outcomes.plan``), and the ``recorder`` writes it with the
+   outcome. Entries are stored and matched by one rule (``suppression_recipient``, see
+   ``notifier.db.suppressions``): email addresses without surrounding whitespace and
+   case-insensitively (``Ann@Example.COM`` is ``ann@example.com``), other channels' recipients
+   exactly as written.
 
 2. **Templates.** A row may name a ``template`` (and a ``locale``) instead of carrying its
    subject and body. The template's subject, body and html are rendered with Jinja2 in a
@@ -45,7 +46,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,7 +56,7 @@ from sqlalchemy import Connection, Engine
 
 from notifier.db import suppressions, templates
 from notifier.delivery.outcomes import Cancelled, Result
-from notifier.models import Notification, truncate
+from notifier.models import Notification
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
 from notifier.specs import normalize_locale
@@ -236,29 +237,6 @@ class Content:
                 n = done
             ready.append(redirect(n, self.overrides) if self.overrides else n)
         return ready, results
-
-    def record_suppressions(
-        self, conn: Connection, rows: Sequence[Notification], results: Mapping[int, Result]
-    ) -> int:
-        """Suppress the recipients a provider refused for good (``Permanent(suppress=True)``);
-        how many were new. ``rows`` may be as claimed or as prepared: the address suppressed is
-        the one the message went to, the override's when there is one."""
-        entries = [
-            (
-                n.channel,
-                self.overrides.get(n.channel, n.recipient),
-                truncate(f"hard bounce ({outcome.error})"),
-                "invalid" if n.channel == "push" else "bounce",
-            )
-            for n in rows
-            if isinstance(outcome := results.get(n.id), Permanent) and outcome.suppress
-        ]
-        if not entries:
-            return 0
-        added = suppressions.suppress_many(conn, entries)
-        if added:
-            log.info("suppressed %d recipients after hard bounces", added)
-        return added
 
     def _templates(self, conn: Connection, rows: list[Notification]) -> dict[int, Compiled | str]:
         """Each templated row's template, or why it has none.

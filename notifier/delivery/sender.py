@@ -22,12 +22,12 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from notifier import eventloop
-from notifier.delivery.outcomes import Result
+from notifier.delivery.outcomes import Attempt, Result
 from notifier.models import Notification
 from notifier.providers import (
     Permanent,
@@ -51,17 +51,14 @@ class _Ticket:
     __slots__ = ()
 
 
-#: (row id, ticket, its result, or the exception its send raised)
-_Finished = tuple[int, _Ticket, Result | BaseException]
+#: (row id, ticket, its send, or the exception it raised)
+_Finished = tuple[int, _Ticket, Attempt | BaseException]
 
 
 class Sender:
-    """Runs the sends of a worker process's batches and remembers how each went.
-
-    ``durations`` (seconds, the guard included), ``ended`` (the Unix time the send ended: the
-    row's ``sent_at``) and ``used`` (the provider that answered last) are kept per row id for
-    the records; the dispatcher reads and clears them as it records the rows (``forget``). Only
-    ``start``, ``wait`` and ``abandon`` are called, from one thread at a time.
+    """Runs the sends of a worker process's batches and hands back each as a ``Attempt``: its
+    result, how long it took, when it ended and the provider that answered. Only ``start``,
+    ``wait`` and ``abandon`` are called, from one thread at a time.
     """
 
     def __init__(self, chains: dict[str, list[Provider]], settings: Settings) -> None:
@@ -74,10 +71,9 @@ class Sender:
         self._finished: queue.SimpleQueue[_Finished] = queue.SimpleQueue()
         self._threads: dict[int, _Ticket] = {}  # rows sending in the pool
         self._coroutines: dict[int, _Ticket] = {}  # rows sending on the loop
-        self._tasks: dict[int, tuple[_Ticket, asyncio.Task[Result]]] = {}  # the loop's thread only
-        self.durations: dict[int, float] = {}
-        self.ended: dict[int, float] = {}
-        self.used: dict[int, str] = {}
+        self._tasks: dict[int, tuple[_Ticket, asyncio.Task[Attempt]]] = {}  # the loop's thread only
+        #: the provider each running send is with, for a send given up on (``abandon``)
+        self._using: dict[int, str] = {}
 
     @property
     def running(self) -> int:
@@ -92,7 +88,7 @@ class Sender:
         """Sent on the event loop: no guard to ask, and every provider of its chain can."""
         return n.guard is None and n.channel in self._async_channels
 
-    def send_inline(self, n: Notification) -> Result:
+    def send_inline(self, n: Notification) -> Attempt:
         return self._in_thread(n, _no_guard)
 
     def start(self, rows: list[Notification], guard: Guard) -> list[Notification]:
@@ -116,13 +112,13 @@ class Sender:
             eventloop.get().call_soon_threadsafe(self._spawn, on_loop)
         return later
 
-    def wait(self, timeout: float) -> dict[int, Result]:
+    def wait(self, timeout: float) -> dict[int, Attempt]:
         """The results of the sends finished by now, waiting up to ``timeout`` for a first one.
 
         Re-raises, in the caller's thread, what a send raised outside its providers (a bug, or
         the database lost while rechecking a guarded row), as a failed thread send always did.
         """
-        results: dict[int, Result] = {}
+        results: dict[int, Attempt] = {}
         try:
             item = self._finished.get(timeout=timeout)
         except queue.Empty:
@@ -134,7 +130,7 @@ class Sender:
             except queue.Empty:
                 return results
 
-    def abandon(self) -> dict[int, Result]:
+    def abandon(self) -> dict[int, Attempt]:
         """Give up on every send still running, as ``Retry``: it outlived all its timeouts.
 
         A receiver dripping its answer a byte at a time resets a read timeout for ever. The row
@@ -148,8 +144,10 @@ class Sender:
         if self._threads and self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
+        using = {i: self._using.get(i) for i in ids}
         self.drop()
-        return {i: Retry(f"send still running after {limit:.0f}s; abandoned") for i in ids}
+        retry = Retry(f"send still running after {limit:.0f}s; abandoned")
+        return {i: Attempt(retry, provider=using[i]) for i in ids}
 
     def drop(self) -> None:
         """Stop following the sends under way (their batch has failed, or gave up on them):
@@ -158,6 +156,7 @@ class Sender:
             eventloop.get().call_soon_threadsafe(self._cancel, dict(self._coroutines))
         self._threads.clear()
         self._coroutines.clear()
+        self._using.clear()
 
     def close(self) -> None:
         """Wait for the threads of the pool to finish; a later send starts a new pool."""
@@ -179,25 +178,23 @@ class Sender:
             )
         return self._pool
 
-    def _thread_done(self, row_id: int, ticket: _Ticket, future: Future[Result]) -> None:
+    def _thread_done(self, row_id: int, ticket: _Ticket, future: Future[Attempt]) -> None:
         error = future.exception()
         self._finished.put((row_id, ticket, error if error is not None else future.result()))
 
-    def _in_thread(self, n: Notification, guard: Guard) -> Result:
+    def _in_thread(self, n: Notification, guard: Guard) -> Attempt:
         started = time.perf_counter()
-        try:
-            if n.guard is not None:
-                objection = guard(n)
-                if objection is not None:
-                    return objection
-            return self._through_chain(n)
-        finally:
-            self._ended(n, started)
+        objection = None if n.guard is None else guard(n)
+        if objection is not None:
+            return Attempt(objection, *_ended(started))
+        result, name = self._through_chain(n)
+        return Attempt(result, *_ended(started), name)
 
-    def _through_chain(self, n: Notification) -> Result:
+    def _through_chain(self, n: Notification) -> tuple[Result, str | None]:
         chain = self._chains[n.channel]
         outcome: Result = Retry("no provider was tried")
         failed: list[str] = []
+        name: str | None = None
         for provider in chain:
             name = self._use(n, provider)
             try:
@@ -207,7 +204,7 @@ class Sender:
             if not isinstance(outcome, Retry) or provider is chain[-1]:
                 break
             failed.append(f"{name}: {outcome.error}")
-        return _with_failures(failed, self.used[n.id], outcome)
+        return _with_failures(failed, name, outcome), name
 
     # -- on the event loop ------------------------------------------------------------------------
 
@@ -218,7 +215,7 @@ class Sender:
             self._tasks[n.id] = (ticket, task)
             task.add_done_callback(partial(self._task_done, n.id, ticket))
 
-    def _task_done(self, row_id: int, ticket: _Ticket, task: asyncio.Task[Result]) -> None:
+    def _task_done(self, row_id: int, ticket: _Ticket, task: asyncio.Task[Attempt]) -> None:
         if self._tasks.get(row_id, (None,))[0] is ticket:
             del self._tasks[row_id]
         if task.cancelled():  # abandoned: its result was decided then
@@ -232,17 +229,16 @@ class Sender:
             if ticket_and_task is not None and ticket_and_task[0] is ticket:
                 ticket_and_task[1].cancel()
 
-    async def _on_loop(self, n: Notification) -> Result:
+    async def _on_loop(self, n: Notification) -> Attempt:
         started = time.perf_counter()
-        try:
-            return await self._through_chain_async(n)
-        finally:
-            self._ended(n, started)
+        result, name = await self._through_chain_async(n)
+        return Attempt(result, *_ended(started), name)
 
-    async def _through_chain_async(self, n: Notification) -> Result:
+    async def _through_chain_async(self, n: Notification) -> tuple[Result, str | None]:
         chain = self._chains[n.channel]
         outcome: Result = Retry("no provider was tried")
         failed: list[str] = []
+        name: str | None = None
         for provider in chain:
             name = self._use(n, provider)
             try:
@@ -252,20 +248,9 @@ class Sender:
             if not isinstance(outcome, Retry) or provider is chain[-1]:
                 break
             failed.append(f"{name}: {outcome.error}")
-        return _with_failures(failed, self.used[n.id], outcome)
+        return _with_failures(failed, name, outcome), name
 
     # -- bookkeeping ------------------------------------------------------------------------------
-
-    def forget(self, ids: Iterable[int]) -> None:
-        """Clear what was kept of these rows' sends, once they are recorded."""
-        for row_id in ids:
-            self.durations.pop(row_id, None)
-            self.ended.pop(row_id, None)
-            self.used.pop(row_id, None)
-
-    def _ended(self, n: Notification, started: float) -> None:
-        self.durations[n.id] = time.perf_counter() - started
-        self.ended[n.id] = time.time()
 
     @staticmethod
     def _track(running: dict[int, _Ticket], n: Notification) -> _Ticket:
@@ -274,17 +259,18 @@ class Sender:
 
     def _use(self, n: Notification, provider: Provider) -> str:
         name = provider_name(provider)
-        self.used[n.id] = name
+        self._using[n.id] = name
         return name
 
-    def _collect(self, item: _Finished, results: dict[int, Result]) -> None:
-        row_id, ticket, result = item
+    def _collect(self, item: _Finished, results: dict[int, Attempt]) -> None:
+        row_id, ticket, send = item
         for running in (self._threads, self._coroutines):
             if running.get(row_id) is ticket:
                 del running[row_id]
-                if isinstance(result, BaseException):
-                    raise result
-                results[row_id] = result
+                self._using.pop(row_id, None)
+                if isinstance(send, BaseException):
+                    raise send
+                results[row_id] = send
 
 
 def _no_guard(n: Notification) -> Result | None:
@@ -298,7 +284,12 @@ def _raised(name: str, n: Notification, exc: Exception) -> Result:
     return Permanent(f"{name} provider raised {type(exc).__name__}: {exc}")
 
 
-def _with_failures(failed: list[str], name: str, outcome: Result) -> Result:
+def _ended(started: float) -> tuple[float, float]:
+    """A send's duration in seconds, and the Unix time it ended."""
+    return time.perf_counter() - started, time.time()
+
+
+def _with_failures(failed: list[str], name: str | None, outcome: Result) -> Result:
     """A chain's last ``Retry`` carries the errors of the providers tried before it."""
     if failed and isinstance(outcome, Retry):
         return Retry("; ".join([*failed, f"{name}: {outcome.error}"]))

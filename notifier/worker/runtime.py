@@ -32,7 +32,7 @@ from notifier.db import workers
 from notifier.delivery import guards
 from notifier.delivery.dispatcher import Dispatcher, SendingPaused
 from notifier.delivery.ratelimit import RateLimiter
-from notifier.models import Attempt
+from notifier.models import Decision
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 from notifier.worker import budget
@@ -82,7 +82,7 @@ def stop_heartbeat() -> None:
         _heartbeat = None
 
 
-def count(attempts: list[Attempt]) -> None:
+def count(attempts: list[Decision]) -> None:
     try:
         metrics.record(redis_client(), attempts, _labels())
     except redis.RedisError as exc:  # metrics are worth less than the sends they describe

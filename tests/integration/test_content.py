@@ -20,8 +20,10 @@ from sqlalchemy import Connection, Engine, event, text
 from notifier.cli.main import cli
 from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
-from notifier.delivery.outcomes import Cancelled
+from notifier.delivery.outcomes import Attempt, Cancelled, Result, plan
 from notifier.delivery.prepare import Content
+from notifier.delivery.recorder import record_suppressions
+from notifier.delivery.retry import RetryPolicy
 from notifier.models import Notification
 from notifier.providers import registry_of
 from notifier.providers.base import Permanent, Retry, Sent
@@ -33,6 +35,17 @@ from tests.smtp_sink import SmtpSink
 
 ANN = "ann@example.com"
 GONE = "gone@example.com"
+
+
+def suppress_refused(
+    conn: Connection, content: Content, rows: list[Notification], results: dict[int, Result]
+) -> int:
+    """Write the suppressions that the decisions made of ``results`` carry, as the recorder
+    does with a batch's outcomes; how many were new."""
+    sends = {i: Attempt(result) for i, result in results.items()}
+    now = datetime.now(UTC)
+    decided = plan(rows, sends, RetryPolicy(), now, overrides=content.overrides)
+    return record_suppressions(conn, decided.decisions)
 
 
 def note(id: int = 1, recipient: str = ANN, **fields: Any) -> Notification:
@@ -283,8 +296,8 @@ def test_a_hard_bounce_suppresses_the_recipient_once(
     assert results[1] == Permanent("SMTP 550 5.1.1 <gone@example.com>: no such user", suppress=True)
 
     with engine.begin() as conn:
-        assert content.record_suppressions(conn, rows, results) == 1
-        assert content.record_suppressions(conn, rows, results) == 0  # already there
+        assert suppress_refused(conn, content, rows, results) == 1
+        assert suppress_refused(conn, content, rows, results) == 0  # already there
 
     ready, later = content.prepare([note(3, GONE), note(4, ANN)])
     assert [n.id for n in ready] == [4]
@@ -352,7 +365,7 @@ def test_an_override_sends_to_the_override_and_suppresses_what_bounced(
     # The address that refused is the one suppressed, not the row's.
     bounced = {1: Permanent("SMTP 550 5.1.1 no such user", suppress=True)}
     with engine.begin() as conn:
-        assert content.record_suppressions(conn, [row], bounced) == 1
+        assert suppress_refused(conn, content, [row], bounced) == 1
     assert sql(engine, "SELECT channel, recipient FROM suppressions") == [
         ("email", "qa@example.com")
     ]

@@ -15,9 +15,11 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from notifier.db import queue, rescue
 from notifier.db.engine import driver
 from notifier.db.sql import number_array, text_array
-from notifier.models import Transition
+from notifier.models import AttemptOutcome, Decision
 from tests.commands import run
 from tests.factories import MakeRow, MakeRows
+
+OUT = AttemptOutcome
 
 
 def test_claim_is_exclusive_and_counts_the_attempt(engine: Engine, make_rows: MakeRows) -> None:
@@ -40,14 +42,20 @@ def test_one_statement_records_every_kind_of_outcome(engine: Engine, make_rows: 
         queue.claim_due(conn, limit=5, lease_seconds=60, token=token, worker="a")
         sent, retry, deferred, dead, cancelled, unclaimed = ids
         changes = [
-            Transition(
-                sent, "sent", message_id="m-1", provider="null", sent_at=1.7e9, duration_ms=12
+            Decision(
+                sent,
+                "null",
+                OUT.sent,
+                message_id="m-1",
+                provider="null",
+                sent_at=1.7e9,
+                duration_ms=12,
             ),
-            Transition(retry, "retry", error="timed out", at=later, provider="null"),
-            Transition(deferred, "deferred", error="HTTP 429", at=later),
-            Transition(dead, "dead", error="550 no such user"),
-            Transition(cancelled, "cancelled", error="expired"),
-            Transition(unclaimed, "sent"),  # not held by this claim: changes nothing
+            Decision(retry, "null", OUT.retry, error="timed out", at=later, provider="null"),
+            Decision(deferred, "null", OUT.deferred, error="HTTP 429", at=later),
+            Decision(dead, "null", OUT.dead, error="550 no such user"),
+            Decision(cancelled, "null", OUT.cancelled, error="expired"),
+            Decision(unclaimed, "null", OUT.sent),  # not held by this claim: changes nothing
         ]
         assert queue.record_outcomes(conn, token, changes, worker="a") == 5
         rows = {
@@ -100,9 +108,9 @@ def test_late_write_with_an_old_token_changes_nothing(engine: Engine, make_row: 
         assert rescue.rescue_expired(conn) == {"pending": 1, "dead": 0}
         new = uuid.uuid4()
         assert len(queue.claim_due(conn, limit=1, lease_seconds=60, token=new, worker="b")) == 1
-        late = Transition(row_id, "sent", message_id="late")
+        late = Decision(row_id, "null", OUT.sent, message_id="late")
         assert queue.record_outcomes(conn, old, [late]) == 0
-        ok = Transition(row_id, "sent", message_id="ok", provider="null")
+        ok = Decision(row_id, "null", OUT.sent, message_id="ok", provider="null")
         assert queue.record_outcomes(conn, new, [ok]) == 1
         row = conn.execute(text("SELECT status, attempts, rescues FROM notifications")).one()
         history = conn.execute(
@@ -199,8 +207,8 @@ def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
     token = uuid.uuid4()
     with engine.begin() as conn:
         claimed = queue.claim_due(conn, limit=1000, lease_seconds=60, token=token, worker="w")
-    group = [Transition(n.id, "sent", provider="null", sent_at=1.7e9) for n in claimed]
-    columns = ("codes", "errors", "next_at", "message_ids", "providers", "sent_at", "durations")
+    group = [Decision(n.id, "null", OUT.sent, provider="null", sent_at=1.7e9) for n in claimed]
+    columns = ("outcomes", "errors", "next_at", "message_ids", "providers", "sent_at", "durations")
     params = {
         "token": token,
         "worker": "w",
@@ -231,19 +239,20 @@ def test_a_row_sent_after_a_retry_or_a_requeue_keeps_no_last_error(
     retried = make_row()
     requeued = make_row(status="dead", last_error="550 mailbox full")
 
-    def attempt(row_id: int, outcome: str, error: str | None = None) -> None:
+    def attempt(row_id: int, outcome: AttemptOutcome, error: str | None = None) -> None:
         token = uuid.uuid4()
         with engine.begin() as conn:
             conn.execute(text("UPDATE notifications SET next_attempt_at = now()"))
             [claimed] = queue.claim_due(conn, limit=1, lease_seconds=60, token=token, worker="w")
             assert claimed.id == row_id
-            change = Transition(row_id, outcome, error=error, at=datetime.now(UTC), sent_at=1e9)
+            at = datetime.now(UTC)
+            change = Decision(row_id, "null", outcome, error=error, at=at, sent_at=1e9)
             assert queue.record_outcomes(conn, token, [change], worker="w") == 1
 
-    attempt(retried, "retry", "timed out")
-    attempt(retried, "sent")
+    attempt(retried, OUT.retry, "timed out")
+    attempt(retried, OUT.sent)
     assert run(capsys, "requeue", "--id", str(requeued), "--yes")[0] == 0
-    attempt(requeued, "sent")
+    attempt(requeued, OUT.sent)
     with engine.connect() as conn:
         rows = dict(conn.execute(text("SELECT id, last_error FROM notifications")).all())
         errors = conn.execute(

@@ -8,7 +8,7 @@ from sqlalchemy import Engine, text
 
 from notifier import metrics
 from notifier.delivery.dispatcher import Dispatcher
-from notifier.models import Attempt
+from notifier.models import AttemptOutcome, Decision
 from notifier.providers import load_registry
 from notifier.settings import get_settings
 from tests.factories import MakeRow, MakeSettings, ago, from_now
@@ -79,10 +79,15 @@ def test_hostile_channel_names_count_under_other_and_never_corrupt_labels(
     client = redis.Redis.from_url(redis_url)
     labels = metrics.Labels(frozenset({"null", "email"}), frozenset({"null", "email"}))
     names = HOSTILE + [f"spam-{i}" for i in range(10_000)]
-    attempts = [Attempt(i, 1, name, "dead", "no provider", 3) for i, name in enumerate(names)]
-    attempts.append(Attempt(0, 1, "null", "sent", None, 3))
-    attempts.append(Attempt(0, 1, "null", "sent|x", None, 3))  # an unknown outcome
-    attempts.append(Attempt(0, 1, "email", "sent", None, 3, provider="a|b"))
+    dead, sent = AttemptOutcome.dead, AttemptOutcome.sent
+    attempts = [
+        Decision(i, name, dead, "no provider", duration_ms=3) for i, name in enumerate(names)
+    ]
+    attempts.append(Decision(0, "null", sent, duration_ms=3))
+    unknown = Decision(0, "null", sent, duration_ms=3)
+    unknown.outcome = "sent|x"  # type: ignore[assignment]  # one this version does not know
+    attempts.append(unknown)
+    attempts.append(Decision(0, "email", sent, duration_ms=3, provider="a|b"))
     metrics.record(client, attempts, labels)
 
     assert client.hlen(metrics.ATTEMPTS_KEY) == 4  # bounded in Redis, not only on the page

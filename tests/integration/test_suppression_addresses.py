@@ -10,7 +10,7 @@ from notifier.delivery.outcomes import Cancelled
 from notifier.delivery.prepare import Content
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
-from tests.integration.test_content import note, run, sql, suppress_by_sql
+from tests.integration.test_content import note, run, sql, suppress_by_sql, suppress_refused
 from tests.migrations import migrate
 
 
@@ -38,8 +38,8 @@ def test_every_way_in_stores_the_address_as_it_is_compared(
     suppress_by_sql(engine, "email", " Bob@Example.com ", "unsubscribed")
     bounced = {1: Permanent("SMTP 550 5.1.1 no such user", suppress=True)}
     with engine.begin() as conn:
-        assert Content(engine, settings).record_suppressions(
-            conn, [note(1, "Gone@Example.COM")], bounced
+        assert suppress_refused(
+            conn, Content(engine, settings), [note(1, "Gone@Example.COM")], bounced
         )
     assert sql(engine, "SELECT recipient FROM suppressions ORDER BY 1") == [
         ("bob@example.com",),

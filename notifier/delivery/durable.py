@@ -1,0 +1,39 @@
+"""Short transactions that must survive a lost connection: run again until they commit.
+
+A worker that sent a batch must not forget it because PostgreSQL restarted or a connection
+broke; nor may it give up a look before sending for the same reason. ``until_committed`` runs
+one transaction and, when the database goes away (``OperationalError``, ``InterfaceError``),
+runs it again after a growing pause, until it commits or ``within`` seconds are spent: the
+claim's lease, after which the rescue owns the rows anyway. An error the database raises for
+the data is not retried: it would be raised again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def until_committed(engine: Engine, statements: Callable[[Connection], T], *, within: float) -> T:
+    """``statements`` in one transaction, run again while the database is away, for at most
+    ``within`` seconds; what they returned."""
+    deadline = time.monotonic() + within
+    delay = 0.1
+    while True:
+        try:
+            with engine.begin() as conn:
+                return statements(conn)
+        except (OperationalError, InterfaceError) as exc:  # connection lost, db restarting
+            if time.monotonic() + delay >= deadline:
+                raise
+            log.warning("database write failed (%s); retrying in %.1fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
