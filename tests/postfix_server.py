@@ -14,6 +14,7 @@ Postfix's ``master`` must start as root (it binds the port, then its daemons dro
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -30,21 +31,21 @@ from tests.certificates import server_certificate
 
 #: The only domain the instance accepts mail for.
 DOMAIN = "example.test"
-#: Postfix's own programs (``daemon_directory``), as Debian installs them.
-DAEMONS = Path("/usr/lib/postfix/sbin")
+#: Where Debian installs the ``postfix`` command; a test's PATH may not have sbin.
+COMMAND = shutil.which("postfix", path="/usr/sbin:/usr/bin:/sbin:/bin")
 
 
 def missing() -> str | None:
     """Why no private Postfix can run here, or None when one can."""
-    if shutil.which("postfix", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+    if COMMAND is None:
         return "Postfix is not installed (Debian: apt-get install postfix; .ci/run does)"
     if os.geteuid() != 0:
         return "Postfix's master must start as root"
-    for account in ("postfix", "postdrop"):
-        try:
-            grp.getgrnam(account)
-        except KeyError:
-            return f"the group {account!r} Debian's postfix package creates is missing"
+    try:
+        pwd.getpwnam("postfix")
+        grp.getgrnam("postdrop")
+    except KeyError as exc:
+        return f"the account Debian's postfix package creates is missing: {exc}"
     return None
 
 
@@ -154,7 +155,7 @@ class PostfixServer:
             os.chown(path, owner.pw_uid, owner.pw_gid)
         tls = server_certificate(self.dir / "tls", self.host)
         self.ca = tls.ca
-        (self.etc / "master.cf").write_text(_MASTER_CF.format(port=self.port))
+        self._write_master_cf()
         (self.etc / "main.cf").write_text(
             _MAIN_CF.format(
                 dir=self.dir, domain=DOMAIN, uid=owner.pw_uid, gid=owner.pw_gid,
@@ -165,11 +166,14 @@ class PostfixServer:
             "".join(f"{box}@{DOMAIN} {box}/\n" for box in self.mailboxes)  # "/": a Maildir
         )
 
+    def _write_master_cf(self) -> None:
+        (self.etc / "master.cf").write_text(_MASTER_CF.format(port=self.port))
+
     # -- life cycle ------------------------------------------------------------------------------
 
     def _postfix(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["postfix", "-c", str(self.etc), *args],
+            [str(COMMAND), "-c", str(self.etc), *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -178,13 +182,19 @@ class PostfixServer:
 
     def start(self, timeout: float = 60.0) -> PostfixServer:
         """Start the instance and wait until its port greets with ``220``."""
-        # ``check`` creates the private queue's directories with Postfix's owners and modes.
-        for step in ("check", "start"):
-            done = self._postfix(step)
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"postfix {step} failed ({done.returncode}): {done.stderr}{self.log()}"
-                )
+        # ``start`` checks the instance first, creating its queue's directories with Postfix's
+        # owners and modes (``post-install create-missing``). The free port may be taken by the
+        # time master binds it (another run's server): then another port.
+        for _ in range(3):
+            done = self._postfix("start")
+            if done.returncode == 0:
+                break
+            if f"bind 127.0.0.1 port {self.port}: Address already in use" not in self.log():
+                raise RuntimeError(f"postfix start failed: {done.stderr}{self.log()}")
+            self.port = _free_port()
+            self._write_master_cf()
+        else:
+            raise RuntimeError(f"Postfix found no free port: {self.log()}")
         deadline = time.monotonic() + timeout
         while not self._greets():
             if time.monotonic() > deadline:
@@ -213,7 +223,7 @@ class PostfixServer:
     def stop(self, timeout: float = 30.0) -> None:
         """``postfix stop``, then wait until none of the instance's processes is left (what
         still is after ``timeout`` is killed, and the test told)."""
-        if not (self.queue / "pid" / "master.pid").exists():
+        if not self.processes():
             return
         self._postfix("stop")
         deadline = time.monotonic() + timeout
@@ -221,7 +231,8 @@ class PostfixServer:
             if time.monotonic() > deadline:
                 left = self.processes()
                 for pid in left:
-                    os.kill(pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 raise RuntimeError(f"Postfix processes {left} outlived postfix stop")
             time.sleep(0.1)
 
