@@ -3,7 +3,9 @@
 ``SmtpSink.rcpt_replies`` maps a recipient address to the reply its ``RCPT TO`` gets (e.g.
 ``"550 5.1.1 no such user"`` or ``"451 4.3.0 try later"``); everyone else gets ``250 OK``.
 ``data_reply`` replaces the reply to ``DATA``. Every accepted message is kept in ``messages``;
-``connections`` counts the connections that got as far as ``RCPT TO``.
+``connections`` counts the connections that got as far as ``RCPT TO``. With ``starttls`` (a
+server ``ssl.SSLContext``) the sink offers STARTTLS; with ``implicit_tls`` it speaks TLS from
+the first byte.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import email
 import email.policy
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +45,8 @@ class SmtpSink:
     sessions: list[Any] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
+    starttls: ssl.SSLContext | None = None
+    implicit_tls: ssl.SSLContext | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _controller: Controller | None = None
 
@@ -75,7 +80,13 @@ class SmtpSink:
             with socket.socket() as s:
                 s.bind((self.host, 0))
                 self.port = s.getsockname()[1]
-        self._controller = Controller(self, hostname=self.host, port=self.port)
+        self._controller = Controller(
+            self,
+            hostname=self.host,
+            port=self.port,
+            tls_context=self.starttls,
+            ssl_context=self.implicit_tls,
+        )
         self._controller.start()
         return self
 

@@ -73,7 +73,7 @@ class EmailProvider(Provider):
         self._sender = parseaddr(s.email_from)[1] or s.email_from
         _, at, domain = self._sender.rpartition("@")
         self._domain = domain if at and domain else "notifier.localhost"
-        self._ssl = ssl.create_default_context() if s.smtp_tls is not SmtpTls.none else None
+        self._ssl = _tls_context(s) if s.smtp_tls is not SmtpTls.none else None
         # smtplib would look this up (a reverse DNS query, outside any timeout) per connection.
         self._local_hostname = socket.getfqdn()
         self._idle: list[smtplib.SMTP] = []
@@ -201,15 +201,16 @@ class EmailProvider(Provider):
 
     def _connect(self) -> smtplib.SMTP:
         s, local = self._settings, self._local_hostname
+        # The host goes to the constructor, which connects and refuses a greeting other than
+        # 220 (closing the socket): TLS takes the name it checks the certificate against from
+        # there, and a later connect() alone leaves it empty.
+        host, port, timeout = s.smtp_host, s.smtp_port, s.smtp_timeout
         conn = (
-            smtplib.SMTP_SSL(local_hostname=local, timeout=s.smtp_timeout, context=self._ssl)
+            smtplib.SMTP_SSL(host, port, local_hostname=local, timeout=timeout, context=self._ssl)
             if s.smtp_tls is SmtpTls.ssl
-            else smtplib.SMTP(local_hostname=local, timeout=s.smtp_timeout)
+            else smtplib.SMTP(host, port, local_hostname=local, timeout=timeout)
         )
         try:
-            code, reply = conn.connect(s.smtp_host, s.smtp_port)
-            if code != 220:
-                raise smtplib.SMTPConnectError(code, reply)
             conn.ehlo_or_helo_if_needed()
             if s.smtp_tls is SmtpTls.starttls:
                 conn.starttls(context=self._ssl)
@@ -305,6 +306,16 @@ class EmailProvider(Provider):
         if isinstance(exc, OSError):
             return Retry(truncate(f"cannot reach SMTP server {where}: {exc.strerror or exc}"))
         return Retry(truncate(f"SMTP server {where}: {type(exc).__name__}: {exc}"))
+
+
+def _tls_context(settings: Settings) -> ssl.SSLContext:
+    """Verifies the server's certificate and host name, against ``smtp_ca_file`` when set."""
+    try:
+        return ssl.create_default_context(cafile=settings.smtp_ca_file)
+    except OSError as exc:  # a missing file, or one without a PEM certificate (ssl.SSLError)
+        raise ValueError(
+            f"NOTIFIER_SMTP_CA_FILE {str(settings.smtp_ca_file)!r} is unusable: {exc}"
+        ) from None
 
 
 def _check_headers(headers: Any) -> None:

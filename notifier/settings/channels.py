@@ -43,6 +43,11 @@ class ChannelSettings(BaseSettings):
     smtp_tls: SmtpTls = SmtpTls.none
     """``none``, ``starttls`` or ``ssl``."""
 
+    smtp_ca_file: Path | None = None
+    """PEM file of the certificate authorities the SMTP server's certificate must chain to, in
+    place of the system's (``starttls`` and ``ssl``): a relay whose certificate a private CA
+    issued. Unset, the system's trusted CAs; the host name is checked either way."""
+
     smtp_timeout: float = Field(10.0, gt=0)
     """Seconds allowed for the connection and for each SMTP reply."""
 

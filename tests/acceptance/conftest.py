@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from sqlalchemy import Engine, text
 
 from tests.smtp_sink import SmtpSink
 
@@ -160,6 +161,16 @@ def process_gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in ("Z", "X")
+
+
+def unfinished(engine: Engine) -> int:
+    """Rows still to be sent or retried: ``pending`` or ``processing``."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM notifications WHERE status IN ('pending', 'processing')")
+            ).scalar_one()
+        )
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

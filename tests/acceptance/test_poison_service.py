@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.acceptance.conftest import Services, wait_for
+from tests.acceptance.conftest import Services, unfinished, wait_for
 from tests.receiver import Receiver
 from tests.smtp_sink import SmtpSink
 
@@ -34,15 +34,6 @@ def receivers(services: Services) -> Iterator[tuple[Receiver, Receiver]]:
     yield good, hostile
     good.stop()
     hostile.stop()
-
-
-def _unfinished(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT count(*) FROM notifications WHERE status IN ('pending', 'processing')")
-            ).scalar_one()
-        )
 
 
 @pytest.mark.timeout(180)
@@ -112,7 +103,7 @@ def test_hostile_rows_end_alone_beside_good_ones(
 
     services.worker(concurrency=2)
     services.beat()
-    wait_for(lambda: _unfinished(engine) == 0, 150, "every row to end")
+    wait_for(lambda: unfinished(engine) == 0, 150, "every row to end")
 
     with engine.connect() as conn:
         good_rows = conn.execute(

@@ -10,23 +10,13 @@ from collections import Counter
 
 from sqlalchemy import Engine, text
 
-from tests.acceptance.conftest import Services, wait_for
+from tests.acceptance.conftest import Services, unfinished, wait_for
 from tests.smtp_sink import SmtpSink
 
 
 def _scalar(engine: Engine, sql: str) -> object:
     with engine.connect() as conn:
         return conn.execute(text(sql)).scalar()
-
-
-def _unfinished(engine: Engine) -> int:
-    return int(
-        _scalar(
-            engine,
-            "SELECT count(*) FROM notifications WHERE status IN"  # type: ignore[arg-type]
-            " ('pending', 'processing')",
-        )
-    )
 
 
 def test_rows_inserted_with_sql_are_delivered_once(
@@ -49,7 +39,7 @@ def test_rows_inserted_with_sql_are_delivered_once(
         )
     services.worker()
     services.beat()
-    wait_for(lambda: _unfinished(engine) == 0, 60, "every row to be finished")
+    wait_for(lambda: unfinished(engine) == 0, 60, "every row to be finished")
 
     with engine.connect() as conn:
         by_status = dict(
@@ -83,7 +73,7 @@ def test_transient_rejections_back_off_then_give_up(
         )
     services.worker()
     services.beat()
-    wait_for(lambda: _unfinished(engine) == 0, 60, "the row to be given up")
+    wait_for(lambda: unfinished(engine) == 0, 60, "the row to be given up")
 
     with engine.connect() as conn:
         status, attempts, error = conn.execute(
@@ -116,7 +106,7 @@ def test_two_workers_and_two_beats_send_each_row_once(
     services.worker("w2")
     services.beat("beat1")
     services.beat("beat2")
-    wait_for(lambda: _unfinished(engine) == 0, 90, "every row to be sent")
+    wait_for(lambda: unfinished(engine) == 0, 90, "every row to be sent")
 
     claimed_by = _scalar(engine, "SELECT count(DISTINCT claimed_by)::int FROM notifications")
     assert _scalar(engine, "SELECT count(*) FROM notifications WHERE status = 'sent'") == 1000
