@@ -122,14 +122,15 @@ class PostmarkProvider(EspProvider):
                 self.accepted(reply, None, f"answer for each of {len(messages)} messages")
             padded = [*answers[: len(messages)], *[{}] * (len(messages) - len(answers))]
             return [self._answer(reply, a if isinstance(a, dict) else {}) for a in padded]
+        code = doc.get("ErrorCode") if isinstance(doc, dict) else None
         said = _said(doc) or reply.text()
-        error = truncate(f"Postmark HTTP {reply.status}: {said}")
+        named = f" ErrorCode {code}" if isinstance(code, int) else ""
+        error = truncate(f"Postmark HTTP {reply.status}{named}: {said}")
         common = self.refused(reply, error)
         if common is not None:
             return [common] * len(messages)
         if not single:  # the batch itself was refused: each message alone gets its own answer
             return [None] * len(messages)
-        code = doc.get("ErrorCode") if isinstance(doc, dict) else None
         return [_by_code(code, error, reply) if isinstance(code, int) else Permanent(error)]
 
     def _answer(self, reply: Reply, doc: dict[str, Any]) -> Outcome:
