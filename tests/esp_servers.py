@@ -13,7 +13,8 @@ Sources: SendGrid v3 Mail Send (``POST /v3/mail/send``, 202 with ``X-Message-Id`
 ``{"errors": [{"message", "field"}]}``, 1000 personalizations and recipients at most, each
 address once); Mailgun ``POST /v3/{domain}/messages`` (basic auth ``api:KEY``, 200
 ``{"id", "message"}``, 400 ``{"message"}``, batch sends of up to 1000 ``to`` with
-``recipient-variables``); Postmark ``POST /email`` and ``/email/batch`` (``X-Postmark-Server-Token``,
+``recipient-variables``); Postmark ``POST /email`` and ``/email/batch``
+(``X-Postmark-Server-Token``,
 500 messages and 50 MB a batch, ``ErrorCode`` per message, 422 for a single send's error).
 """
 

@@ -168,7 +168,8 @@ def test_a_rate_limit_reset_time_is_honoured(esp: Make, kind: str) -> None:
         (429, {"X-RateLimit-Reset": "4102444800", "X-RateLimit-Remaining": "0"}, b"")
     )
     [outcome] = send(provider, [row(1)])
-    assert isinstance(outcome, Retry) and outcome.throttled
+    assert isinstance(outcome, Retry)
+    assert outcome.throttled
     assert outcome.retry_after == 86_400.0  # 2100-01-01 is further than any wait believed
 
 
@@ -176,7 +177,8 @@ def test_a_rate_limit_reset_time_is_honoured(esp: Make, kind: str) -> None:
 def test_an_accepted_send_stores_the_providers_message_id(esp: Make, kind: str) -> None:
     provider, server = esp(kind)
     [outcome] = send(provider, [row(1)])
-    assert isinstance(outcome, Sent) and outcome.provider_message_id
+    assert isinstance(outcome, Sent)
+    assert outcome.provider_message_id
     [message] = server.messages
     assert message["to"] == "user1@example.com"
     assert message["subject"] == "Your code, 1"
@@ -191,27 +193,31 @@ def test_an_invalid_address_is_permanent(esp: Make, kind: str) -> None:
     provider, server = esp(kind)
     [outcome] = send(provider, [row(1, "bad1@example.com")])
     assert len(server.requests) == 1
-    assert isinstance(outcome, Permanent) and not outcome.suppress
+    assert isinstance(outcome, Permanent)
+    assert not outcome.suppress
 
 
 def test_postmark_suppresses_an_inactive_recipient(esp: Make) -> None:
     provider, server = esp("postmark")
     [outcome] = send(provider, [row(1, "inactive1@example.com")])
     assert len(server.requests) == 1
-    assert isinstance(outcome, Permanent) and outcome.suppress
+    assert isinstance(outcome, Permanent)
+    assert outcome.suppress
     assert "406" in outcome.error
 
 
 def test_postmark_names_the_setting_for_a_bad_token_and_an_unknown_stream(esp: Make) -> None:
     provider, server = esp("postmark", postmark_server_token="wrong")
     [outcome] = send(provider, [row(1)])
-    assert isinstance(outcome, Retry) and "NOTIFIER_POSTMARK_SERVER_TOKEN" in outcome.error
+    assert isinstance(outcome, Retry)
+    assert "NOTIFIER_POSTMARK_SERVER_TOKEN" in outcome.error
     provider, server = esp("postmark")
     server.answers.append(
-        _kind_error("postmark", 422)[:2] + (b'{"ErrorCode": 1235, "Message": "no stream"}',)
+        (*_kind_error("postmark", 422)[:2], b'{"ErrorCode": 1235, "Message": "no stream"}')
     )
     [outcome] = send(provider, [row(1)])
-    assert isinstance(outcome, Retry) and "NOTIFIER_POSTMARK_MESSAGE_STREAM" in outcome.error
+    assert isinstance(outcome, Retry)
+    assert "NOTIFIER_POSTMARK_MESSAGE_STREAM" in outcome.error
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -227,7 +233,8 @@ def test_a_slow_provider_times_out_every_row_of_the_request(esp: Make, kind: str
 def test_a_missing_credential_is_named_and_nothing_is_sent(kind: str) -> None:
     provider = CLASSES[kind](Settings(email_from="news@shop.example"))
     problem = provider.problem()
-    assert problem is not None and "NOTIFIER_" in problem
+    assert problem is not None
+    assert "NOTIFIER_" in problem
     [outcome] = eventloop.run(provider.send_batch_async([row(1)]))
     assert outcome == Retry(problem)
 
@@ -240,7 +247,8 @@ def test_plain_http_is_refused_off_loopback(kind: str) -> None:
     s = configured(kind, "http://127.0.0.1:1")
     assert CLASSES[kind](s).problem() is None
     problem = CLASSES[kind](s.model_copy(update={base: "http://api.example.com"})).problem()
-    assert problem is not None and "plain http" in problem
+    assert problem is not None
+    assert "plain http" in problem
 
 
 # -- header safety -------------------------------------------------------------------------------
@@ -264,7 +272,8 @@ def test_crlf_never_becomes_a_header(esp: Make, kind: str, fields: dict[str, Any
         [first] = [m for m in server.messages if m["to"] == "user1@example.com"]
         assert first["subject"] == fields["subject"]
     else:
-        assert isinstance(outcomes[0], Permanent) and isinstance(outcomes[1], Sent)
+        assert isinstance(outcomes[0], Permanent)
+        assert isinstance(outcomes[1], Sent)
         assert [m["to"] for m in server.messages] == ["user2@example.com"]
     for message in server.messages:
         assert "bcc" not in {h.lower() for h in message["headers"]}
@@ -324,11 +333,15 @@ def test_postmark_splits_a_batch_answer_per_message(esp: Make) -> None:
     provider, server = esp("postmark")
     recipients = ["a@example.com", "inactive@example.com", "bad@example.com", "d@example.com"]
     outcomes = send(provider, [row(n, r) for n, r in enumerate(recipients, 1)])
-    assert len(server.requests) == 1 and server.requests[0].path == "/email/batch"
-    assert isinstance(outcomes[0], Sent) and isinstance(outcomes[3], Sent)
+    assert len(server.requests) == 1
+    assert server.requests[0].path == "/email/batch"
+    assert isinstance(outcomes[0], Sent)
+    assert isinstance(outcomes[3], Sent)
     assert outcomes[0] != outcomes[3]  # each its own MessageID
-    assert isinstance(outcomes[1], Permanent) and outcomes[1].suppress
-    assert isinstance(outcomes[2], Permanent) and not outcomes[2].suppress
+    assert isinstance(outcomes[1], Permanent)
+    assert outcomes[1].suppress
+    assert isinstance(outcomes[2], Permanent)
+    assert not outcomes[2].suppress
 
 
 def test_a_short_batch_answer_is_still_accepted_for_every_row(esp: Make) -> None:
