@@ -51,7 +51,7 @@ from notifier.providers.email_message import (
     list_unsubscribe,
     row_headers,
 )
-from notifier.providers.http import parse_retry_after, post, read_capped
+from notifier.providers.http import LoopSession, parse_retry_after, post, read_capped
 from notifier.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,7 @@ class EspProvider(Provider):
                 self._misconfigured = f"NOTIFIER_EMAIL_FROM is unusable: {exc}"
         t = settings.esp_timeout
         self._timeouts = aiohttp.ClientTimeout(total=2 * t, connect=t, sock_connect=t, sock_read=t)
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._session = LoopSession(self._new_session, type(self).__name__)
 
     # -- what a subclass says --------------------------------------------------------------------
 
@@ -223,14 +222,7 @@ class EspProvider(Provider):
 
     def shutdown(self) -> None:
         """Close the session and its connections; call it from a thread, not the loop."""
-        session, loop = self._session, self._session_loop
-        self._session = self._session_loop = None
-        if session is None or loop is None or loop.is_closed():
-            return
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
-        else:
-            loop.run_until_complete(session.close())
+        self._session.close()
 
     # -- messages and requests -------------------------------------------------------------------
 
@@ -326,7 +318,7 @@ class EspProvider(Provider):
             return Sent()  # stands for the outcomes, which ``replies`` carries
 
         failed = await post(
-            self._client(),
+            self._session.get(),
             request.url,
             "",
             request.body,
@@ -371,29 +363,18 @@ class EspProvider(Provider):
         )
         return Sent(None)
 
-    # -- the session -----------------------------------------------------------------------------
-
-    def _client(self) -> aiohttp.ClientSession:
-        """The session of the running loop; made on first use, since it belongs to one loop."""
-        loop = asyncio.get_running_loop()
-        if self._session is not None and self._session_loop is not loop:
-            if self._session_loop is not None and not self._session_loop.is_closed():
-                raise RuntimeError(f"{type(self).__name__} is already sending on another loop")
-            self._session = None  # its loop is gone, and its connections with it
-        if self._session is None:
-            s = self._settings
-            connector = aiohttp.TCPConnector(
-                limit=s.async_send_concurrency + s.send_concurrency,
-                ssl=httpx.create_ssl_context(),  # the CA bundle of notifier's other HTTPS calls
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeouts,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,  # answers are read raw and capped, never inflated
-            )
-            self._session_loop = loop
-        return self._session
+    def _new_session(self) -> aiohttp.ClientSession:
+        s = self._settings
+        connector = aiohttp.TCPConnector(
+            limit=s.async_send_concurrency + s.send_concurrency,
+            ssl=httpx.create_ssl_context(),  # the CA bundle of notifier's other HTTPS calls
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeouts,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,  # answers are read raw and capped, never inflated
+        )
 
 
 def missing(label: str, **values: str | None) -> str | None:

@@ -8,6 +8,7 @@ its addresses (``netguard``) makes a refused one a permanent failure.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -52,6 +53,40 @@ class SharedClient:
             client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+class LoopSession:
+    """One ``aiohttp.ClientSession`` of a provider, made by ``make`` on first use on the loop
+    that sends (a session belongs to one loop), kept across batches so connections are reused;
+    ``close`` really closes it (worker shutdown, tests), and a later ``get`` makes a new one."""
+
+    def __init__(self, make: Callable[[], aiohttp.ClientSession], owner: str) -> None:
+        self._make = make
+        self._owner = owner
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        """The session of the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(f"{self._owner} is already sending on another event loop")
+            self._session = None  # its loop is gone, and its connections with it
+        if self._session is None:
+            self._session, self._loop = self._make(), loop
+        return self._session
+
+    def close(self) -> None:
+        """Close the session; call it from a thread, not from a coroutine on its loop."""
+        session, loop = self._session, self._loop
+        self._session = self._loop = None
+        if session is None or loop is None or loop.is_closed():
+            return
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
+        else:
+            loop.run_until_complete(session.close())
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
