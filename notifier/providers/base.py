@@ -12,11 +12,16 @@ tells the producer what to fix, and the row goes to ``dead`` after that one atte
 A provider that can also send without a thread overrides ``send_async``: the dispatcher then
 runs many of its sends at once on the worker process's event loop, where each costs far less
 than a thread of its own.
+
+A provider whose API takes many messages in one request also answers ``send_batch_async`` for
+rows that may share one (``batch_key``): up to ``max_batch`` rows a request, one outcome each.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -85,6 +90,8 @@ class Provider:
     name: str = ""
     #: does no I/O: the dispatcher calls it inline rather than through its thread pool
     inline: ClassVar[bool] = False
+    #: rows one request of ``send_batch_async`` may carry; 1: the provider sends one at a time
+    max_batch: ClassVar[int] = 1
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -102,6 +109,17 @@ class Provider:
 
     async def send_async(self, notification: Notification) -> Outcome:
         raise NotImplementedError
+
+    def batch_key(self, notification: Notification) -> Hashable | None:
+        """Rows with equal keys that are not ``None`` may share one request of
+        ``send_batch_async``; ``None`` (the default): the row goes in a request of its own."""
+        return None
+
+    async def send_batch_async(self, rows: Sequence[Notification]) -> list[Outcome]:
+        """One outcome per row, in the order of ``rows``, which the caller groups by
+        ``batch_key`` and cuts to at most ``max_batch``; the same rules as ``send_async``
+        (bounded in time, cancellable). By default each row is sent by ``send_async``."""
+        return list(await asyncio.gather(*(self.send_async(n) for n in rows)))
 
     def problem(self) -> str | None:
         """Why this provider cannot send anything in this deployment (credentials missing),

@@ -8,10 +8,12 @@ its addresses (``netguard``) makes a refused one a permanent failure.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from ipaddress import ip_address
 
 import aiohttp
 import httpx
@@ -23,6 +25,9 @@ from notifier.providers.netguard import BlockedAddress
 from notifier.signing import signed_headers
 
 ERROR_BODY_BYTES = 1024
+
+#: Reads a provider's answer into the outcome of its request (``post``'s ``answer``).
+Answer = Callable[[aiohttp.ClientResponse], Awaitable[Outcome]]
 
 
 class SharedClient:
@@ -50,6 +55,40 @@ class SharedClient:
             client.close()
 
 
+class LoopSession:
+    """One ``aiohttp.ClientSession`` of a provider, made by ``make`` on first use on the loop
+    that sends (a session belongs to one loop), kept across batches so connections are reused;
+    ``close`` really closes it (worker shutdown, tests), and a later ``get`` makes a new one."""
+
+    def __init__(self, make: Callable[[], aiohttp.ClientSession], owner: str) -> None:
+        self._make = make
+        self._owner = owner
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        """The session of the running loop."""
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                raise RuntimeError(f"{self._owner} is already sending on another event loop")
+            self._session = None  # its loop is gone, and its connections with it
+        if self._session is None:
+            self._session, self._loop = self._make(), loop
+        return self._session
+
+    def close(self) -> None:
+        """Close the session; call it from a thread, not from a coroutine on its loop."""
+        session, loop = self._session, self._loop
+        self._session = self._loop = None
+        if session is None or loop is None or loop.is_closed():
+            return
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
+        else:
+            loop.run_until_complete(session.close())
+
+
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
     """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP-date); ``None`` if unusable."""
     if not value:
@@ -67,19 +106,36 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 async def post(
-    session: aiohttp.ClientSession, url: yarl.URL, msg_id: str, body: bytes, key: bytes | None
+    session: aiohttp.ClientSession,
+    url: yarl.URL,
+    msg_id: str,
+    body: bytes,
+    key: bytes | None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    answer: Answer | None = None,
 ) -> Outcome:
     """POST ``body``, signed, to ``url`` without following redirects; every failure becomes an
-    outcome, within the session's timeouts."""
+    outcome, within the session's timeouts.
+
+    A provider's API passes its own ``headers`` (content type, credentials) instead of the
+    Standard Webhooks ones, and its own ``answer``, which reads the response (within the same
+    timeouts) into an outcome; by default a webhook receiver's status decides.
+    """
     host = _host_and_port(url)
-    headers = {
-        "Content-Type": "application/json",
+    sent = {
         "Accept-Encoding": "identity",  # the error text is read raw, never decompressed
-        **signed_headers(key, msg_id, body),
+        **(
+            {"Content-Type": "application/json", **signed_headers(key, msg_id, body)}
+            if headers is None
+            else headers
+        ),
     }
     try:
-        request = session.post(url, data=body, headers=headers, allow_redirects=False)
+        request = session.post(url, data=body, headers=sent, allow_redirects=False)
         async with request as response:
+            if answer is not None:
+                return await answer(response)
             return await _outcome(response, msg_id, host, receiver_scope(url))
     except BlockedAddress as exc:  # raised by the connection, before anything was sent
         return Permanent(str(exc))
@@ -127,13 +183,50 @@ async def _outcome(
 
 async def _read_some(response: aiohttp.ClientResponse) -> str:
     """At most ``ERROR_BODY_BYTES`` of the body: enough to explain an error, bounded in size."""
+    return (await read_capped(response, ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most ``limit`` bytes of the body, so that a runaway answer cannot fill memory."""
     chunks = bytearray()
-    while len(chunks) < ERROR_BODY_BYTES:
-        chunk = await response.content.read(ERROR_BODY_BYTES - len(chunks))
+    while len(chunks) < limit:
+        chunk = await response.content.read(limit - len(chunks))
         if not chunk:
             break
         chunks += chunk
-    return bytes(chunks).decode("utf-8", errors="replace")
+    return bytes(chunks)
+
+
+def operator_url_problem(url: str, setting: str) -> str | None:
+    """Why ``url``, an API base the operator configured, is unusable; ``None`` if it is not.
+
+    Operator URLs are trusted (no SSRF guard) but carry credentials, so they must be https;
+    plain http only on loopback, where tests and local fakes listen.
+    """
+    try:
+        parsed = yarl.URL(url)
+        parsed.port  # noqa: B018 - raises on a port that is not a number in range
+    except (ValueError, TypeError):
+        return f"{setting} {url!r} is not an https:// URL"
+    host = parsed.host or ""
+    if not host or parsed.scheme not in ("http", "https"):
+        return f"{setting} {url!r} is not an https:// URL"
+    if parsed.scheme == "http" and not is_loopback(host):
+        return (
+            f"{setting} {url!r} uses plain http; use https (credentials are in every "
+            "request; http is only accepted on loopback)"
+        )
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address: where plain http to an operator's URL is allowed."""
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def receiver_scope(url: str | yarl.URL) -> str | None:

@@ -17,7 +17,6 @@ Redirects are never followed, so they cannot lead anywhere unchecked.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 from importlib.metadata import PackageNotFoundError, version
@@ -32,7 +31,7 @@ from notifier import eventloop
 from notifier.models import Notification, truncate
 from notifier.providers import hostname
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider
-from notifier.providers.http import post, receiver_scope
+from notifier.providers.http import LoopSession, post, receiver_scope
 from notifier.providers.netguard import AddressPolicy, GuardedResolver, guarded_socket, legacy_ipv4
 from notifier.settings import Settings
 from notifier.signing import signing_key
@@ -82,8 +81,7 @@ class WebhookProvider(Provider):
             sock_read=self._timeout,
         )
         self._policy = AddressPolicy(self._settings.webhook_allowed_networks)
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._session = LoopSession(self._new_session, "WebhookProvider")
 
     def validate(self, notification: Notification) -> None:
         self.validate_recipient(notification.recipient)
@@ -156,7 +154,7 @@ class WebhookProvider(Provider):
         except ValueError as exc:
             return Permanent(truncate(f"recipient URL is malformed: {exc}"))
         msg_id = f"notification-{notification.id}"
-        return await post(self._client(), url, msg_id, self._body(notification), self._key)
+        return await post(self._session.get(), url, msg_id, self._body(notification), self._key)
 
     def close(self) -> None:
         """Called after every batch; keeps the session so the next batch reuses its connections."""
@@ -166,14 +164,7 @@ class WebhookProvider(Provider):
 
         Call it from a thread, not from a coroutine on the session's loop.
         """
-        session, loop = self._session, self._session_loop
-        self._session = self._session_loop = None
-        if session is None or loop is None or loop.is_closed():
-            return
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
-        else:
-            loop.run_until_complete(session.close())
+        self._session.close()
 
     def _check_host(self, host: str) -> None:
         refusal = self._policy.check_literal(host)
@@ -184,17 +175,6 @@ class WebhookProvider(Provider):
                 f"recipient host {host} is an IPv4 address in a legacy short or numeric form, "
                 "which is not sent to; write it as four decimal numbers, e.g. 203.0.113.7"
             )
-
-    def _client(self) -> aiohttp.ClientSession:
-        """The session of the running loop; made on first use, since it belongs to one loop."""
-        loop = asyncio.get_running_loop()
-        if self._session is not None and self._session_loop is not loop:
-            if self._session_loop is not None and not self._session_loop.is_closed():
-                raise RuntimeError("WebhookProvider is already sending on another event loop")
-            self._session = None  # its loop is gone, and its connections with it
-        if self._session is None:
-            self._session, self._session_loop = self._new_session(), loop
-        return self._session
 
     def _new_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(

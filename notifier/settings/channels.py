@@ -103,6 +103,42 @@ class ChannelSettings(BaseSettings):
     sms_timeout: float = Field(10.0, gt=0)
     """Seconds allowed to connect to Twilio and for each write and read of one send."""
 
+    # -- the email channel's HTTP APIs: SendGrid, Mailgun, Postmark (notifier/providers/esp.py) --
+
+    sendgrid_api_key: str | None = None
+    """API key (``SG.``...) the ``sendgrid`` provider sends with, as ``Authorization: Bearer``;
+    it needs the Mail Send permission."""
+
+    sendgrid_api_base: str = "https://api.sendgrid.com"
+    """SendGrid's API, scheme and host (``https://api.eu.sendgrid.com`` for an EU subuser);
+    https, unless on loopback (tests, a local fake)."""
+
+    mailgun_api_key: str | None = None
+    """Mailgun API key (a domain's sending key will do), sent as basic auth ``api:KEY``."""
+
+    mailgun_domain: str | None = None
+    """The Mailgun sending domain messages go out through: ``POST /v3/{domain}/messages``."""
+
+    mailgun_api_base: str = "https://api.mailgun.net"
+    """Mailgun's API for the domain's region: ``https://api.eu.mailgun.net`` for the EU; https,
+    unless on loopback (tests, a local fake)."""
+
+    postmark_server_token: str | None = None
+    """Postmark server API token the ``postmark`` provider sends with
+    (``X-Postmark-Server-Token``)."""
+
+    postmark_api_base: str = "https://api.postmarkapp.com"
+    """Postmark's API, scheme and host; https, unless on loopback (tests, a local fake)."""
+
+    postmark_message_stream: str = Field("outbound", min_length=1)
+    """The Postmark message stream every message goes to: ``outbound`` (transactional) or a
+    broadcast stream's ID for campaigns."""
+
+    esp_timeout: float = Field(10.0, gt=0)
+    """Seconds the ``sendgrid``, ``mailgun`` and ``postmark`` providers allow to connect and for
+    each read; one request (up to 1000 recipients) is allowed twice that, a batch that must be
+    split after a refusal four times."""
+
     fcm_credentials_file: Path | None = None
     """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
     is set, push rows are retried, never sent."""
@@ -134,4 +170,5 @@ class ChannelSettings(BaseSettings):
             3 * self.webhook_timeout,
             3 * self.sms_timeout,
             6 * self.push_timeout,  # a token fetch, then the send
+            4 * self.esp_timeout,  # a batch's request, then its rows one by one
         )
