@@ -22,7 +22,7 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
@@ -71,7 +71,8 @@ class Sender:
         self._finished: queue.SimpleQueue[_Finished] = queue.SimpleQueue()
         self._threads: dict[int, _Ticket] = {}  # rows sending in the pool
         self._coroutines: dict[int, _Ticket] = {}  # rows sending on the loop
-        self._tasks: dict[int, tuple[_Ticket, asyncio.Task[Attempt]]] = {}  # the loop's thread only
+        # the loop's thread only: each row's task (the rows of one request share theirs)
+        self._tasks: dict[int, tuple[_Ticket, asyncio.Task[list[Attempt]]]] = {}
         #: the provider each running send is with, for a send given up on (``abandon``)
         self._using: dict[int, str] = {}
 
@@ -92,16 +93,30 @@ class Sender:
         return self._in_thread(n, _no_guard)
 
     def start(self, rows: list[Notification], guard: Guard) -> list[Notification]:
-        """Start the sends of ``rows``, in order, as far as free slots go; return the rest."""
+        """Start the sends of ``rows``, in order, as far as free slots go; return the rest.
+
+        On the loop, a slot is one request: rows that their provider may send together
+        (``Provider.batch_key``) share one, up to its ``max_batch``."""
         threads = self._settings.send_concurrency - len(self._threads)
-        coroutines = self._settings.async_send_concurrency - len(self._coroutines)
+        requests = len(set(self._coroutines.values()))  # tickets: one a request under way
+        coroutines = self._settings.async_send_concurrency - requests
         later: list[Notification] = []
-        on_loop: list[tuple[Notification, _Ticket]] = []
+        on_loop: list[tuple[list[Notification], _Ticket]] = []
+        filling: dict[tuple[str, Hashable], tuple[list[Notification], _Ticket]] = {}
         for n in rows:
             if self.on_loop(n):
+                key = self._batch_key(n)
+                group = None if key is None else filling.get(key)
+                if group is not None and len(group[0]) < self._chains[n.channel][0].max_batch:
+                    group[0].append(n)
+                    self._coroutines[n.id] = group[1]
+                    continue
                 if coroutines > 0:
                     coroutines -= 1
-                    on_loop.append((n, self._track(self._coroutines, n)))
+                    started = ([n], self._track(self._coroutines, n))
+                    on_loop.append(started)
+                    if key is not None:
+                        filling[key] = started
                     continue
             elif threads > 0:
                 threads -= 1
@@ -111,6 +126,18 @@ class Sender:
         if on_loop:  # one wake-up of the loop for the whole wave
             eventloop.get().call_soon_threadsafe(self._spawn, on_loop)
         return later
+
+    def _batch_key(self, n: Notification) -> tuple[str, Hashable] | None:
+        """What ``n`` must share with the rows it goes out with, if its provider batches."""
+        provider = self._chains[n.channel][0]
+        if provider.max_batch <= 1:
+            return None
+        try:
+            key = provider.batch_key(n)
+        except Exception:  # a provider bug costs the row its batch, nothing more
+            log.exception("provider %s: batch_key raised on notification %d", provider.name, n.id)
+            return None
+        return None if key is None else (n.channel, key)
 
     def wait(self, timeout: float) -> dict[int, Attempt]:
         """The results of the sends finished by now, waiting up to ``timeout`` for a first one.
@@ -208,20 +235,28 @@ class Sender:
 
     # -- on the event loop ------------------------------------------------------------------------
 
-    def _spawn(self, rows: list[tuple[Notification, _Ticket]]) -> None:
+    def _spawn(self, groups: list[tuple[list[Notification], _Ticket]]) -> None:
         loop = asyncio.get_running_loop()
-        for n, ticket in rows:
-            task = loop.create_task(self._on_loop(n))
-            self._tasks[n.id] = (ticket, task)
-            task.add_done_callback(partial(self._task_done, n.id, ticket))
+        for rows, ticket in groups:
+            task = loop.create_task(self._on_loop(rows))
+            for n in rows:
+                self._tasks[n.id] = (ticket, task)
+            task.add_done_callback(partial(self._task_done, [n.id for n in rows], ticket))
 
-    def _task_done(self, row_id: int, ticket: _Ticket, task: asyncio.Task[Attempt]) -> None:
-        if self._tasks.get(row_id, (None,))[0] is ticket:
-            del self._tasks[row_id]
+    def _task_done(
+        self, ids: list[int], ticket: _Ticket, task: asyncio.Task[list[Attempt]]
+    ) -> None:
+        for row_id in ids:
+            if self._tasks.get(row_id, (None,))[0] is ticket:
+                del self._tasks[row_id]
         if task.cancelled():  # abandoned: its result was decided then
             return
         error = task.exception()
-        self._finished.put((row_id, ticket, error if error is not None else task.result()))
+        attempts: list[Attempt | BaseException] = [*task.result()] if error is None else []
+        if error is not None:
+            attempts = [error] * len(ids)
+        for row_id, attempt in zip(ids, attempts, strict=True):
+            self._finished.put((row_id, ticket, attempt))
 
     def _cancel(self, abandoned: dict[int, _Ticket]) -> None:
         for row_id, ticket in abandoned.items():
@@ -229,12 +264,39 @@ class Sender:
             if ticket_and_task is not None and ticket_and_task[0] is ticket:
                 ticket_and_task[1].cancel()
 
-    async def _on_loop(self, n: Notification) -> Attempt:
+    async def _on_loop(self, rows: list[Notification]) -> list[Attempt]:
+        """One request's rows, each through its chain: the first provider answers for them all
+        at once when there are several (``send_batch_async``), failover goes on row by row."""
         started = time.perf_counter()
-        result, name = await self._through_chain_async(n)
-        return Attempt(result, *_ended(started), name)
+        answers: list[Result | None] = [None] * len(rows)
+        if len(rows) > 1:
+            answers = [*await self._batch(rows)]
+        attempts = []
+        for n, answer in zip(rows, answers, strict=True):
+            result, name = await self._through_chain_async(n, answer)
+            attempts.append(Attempt(result, *_ended(started), name))
+        return attempts
 
-    async def _through_chain_async(self, n: Notification) -> tuple[Result, str | None]:
+    async def _batch(self, rows: list[Notification]) -> list[Result | None]:
+        """The first provider's answers for ``rows`` in one request; ``None`` for each when it
+        raises or miscounts (a bug): every row is then sent on its own."""
+        provider = self._chains[rows[0].channel][0]
+        try:
+            answers = await provider.send_batch_async(rows)
+        except Exception:
+            log.exception("provider %s raised on a batch of %d", provider_name(provider), len(rows))
+            return [None] * len(rows)
+        if len(answers) != len(rows):
+            name = provider_name(provider)
+            log.error("provider %s answered %d of %d rows", name, len(answers), len(rows))
+            return [None] * len(rows)
+        return list(answers)
+
+    async def _through_chain_async(
+        self, n: Notification, answered: Result | None = None
+    ) -> tuple[Result, str | None]:
+        """``n`` through its chain; ``answered``: the first provider's answer, when it came
+        with its request's."""
         chain = self._chains[n.channel]
         outcome: Result = Retry("no provider was tried")
         failed: list[str] = []
@@ -242,7 +304,10 @@ class Sender:
         for provider in chain:
             name = self._use(n, provider)
             try:
-                outcome = await provider.send_async(n)
+                if answered is not None and provider is chain[0]:
+                    outcome = answered
+                else:
+                    outcome = await provider.send_async(n)
             except Exception as exc:  # a provider bug must not lose the batch's other outcomes
                 outcome = _raised(name, n, exc)
             if not isinstance(outcome, Retry) or provider is chain[-1]:
