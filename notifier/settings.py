@@ -23,6 +23,7 @@ from notifier.specs import (
     STATUS_EVENTS,
     HostPattern,
     User,
+    Warmup,
     Window,
     normalize_locale,
     parse_failover,
@@ -32,6 +33,7 @@ from notifier.specs import (
     parse_overrides,
     parse_status_events,
     parse_users,
+    parse_warmups,
 )
 
 
@@ -238,6 +240,17 @@ class Settings(BaseSettings):
     )
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/delivery/ratelimit.py``."""
+
+    rate_warmup: Annotated[dict[str, Warmup], NoDecode, _parsed(parse_warmups)] = Field(
+        default_factory=dict
+    )
+    """Limits that ramp up by day, for a new sending domain, IP or number whose provider
+    trusts it a little more each day: ``email=50/s x2/d to 2000/s from 2026-12-01`` allows 50
+    a second on 1 December (UTC), 100 on the 2nd, 200 on the 3rd, ... and 2000 from the 7th on.
+    Before the first day the start applies. The first day is written here, never taken from
+    when a worker started, so every worker sends at the same day's rate and a restart does not
+    begin the ramp again. Applies beside the provider's ``NOTIFIER_RATE_LIMITS`` windows (the
+    tightest wins); ``notifier stats`` shows the day and today's rate."""
 
     fcm_credentials_file: Path | None = None
     """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
