@@ -29,8 +29,16 @@ def test_a_warmup_doubles_daily_up_to_its_ceiling() -> None:
 def test_fractional_factors_and_other_periods() -> None:
     w = parse_warmup(" 5/s  x1.5/d to 100/s   from 2026-12-01 ")
     assert [w.limit_on(FIRST + timedelta(days=n)) for n in range(9)] == [
-        5, 7, 11, 16, 25, 37, 56, 85, 100,
-    ]  # fmt: skip
+        5,
+        7,
+        11,
+        16,
+        25,
+        37,
+        56,
+        85,
+        100,
+    ]
     assert w.spelling == "5/s x1.5/d to 100/s from 2026-12-01"
     hourly = parse_warmup("10000/h x3/d to 200000/h from 2026-12-01").window_on(FIRST)
     assert (hourly.limit, hourly.period, hourly.burst) == (10000, 3600, 10000)
@@ -115,10 +123,34 @@ def test_the_variable_is_named_when_the_environment_gets_it_wrong(set_env: SetEn
 
 # Pieces of the grammar, so that generated text gets past the first check as often as not.
 PIECES = st.sampled_from(
-    ["email", "=", ";", " ", "50/s", "2000/s", "100/m", "5/10s", "0/s", "/s", ":5", "x", "x2/d",
-     "x1.5/d", "x0/d", "/d", "to", "from", "2026-12-01", "2026-02-30", "9" * 30, "\n", "\x00",
-     "\u2028", "é"]
-)  # fmt: skip
+    [
+        "email",
+        "=",
+        ";",
+        " ",
+        "50/s",
+        "2000/s",
+        "100/m",
+        "5/10s",
+        "0/s",
+        "/s",
+        ":5",
+        "x",
+        "x2/d",
+        "x1.5/d",
+        "x0/d",
+        "/d",
+        "to",
+        "from",
+        "2026-12-01",
+        "2026-02-30",
+        "9" * 30,
+        "\n",
+        "\x00",
+        "\u2028",
+        "é",
+    ]
+)
 WINDOWS = st.one_of(
     st.builds(
         "{}/{}".format,
