@@ -3,13 +3,18 @@ limiter's clock is injected: no test waits for a day), shared by two limiters as
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import redis
+from sqlalchemy import Engine
 
 from notifier.delivery.ratelimit import RateLimiter
 from notifier.specs import parse_limits, parse_warmups
+from tests.commands import run
+from tests.factories import SetEnv
 
 # Per hour, so that a bucket's burst is the day's whole limit and its refill is slow enough to
 # read the day's rate from the wait the limiter answers: 3,600/h refills one a second.
@@ -101,3 +106,32 @@ def test_a_429_holds_the_warmup_back_for_every_worker(redis_url: str) -> None:
     granted, wait = other.acquire("email", 5)
     assert granted == 0
     assert 1.5 <= wait <= 2.1
+
+
+@pytest.mark.usefixtures("restore_logging")  # the command sets up the process's logging
+def test_stats_shows_each_limited_providers_rate_today(
+    engine: Engine, database_url: str, set_env: SetEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    three_days_ago = (datetime.now(UTC) - timedelta(days=3)).date().isoformat()
+    set_env(
+        rate_limits="email=20000/h;sms=10/s",
+        rate_warmup=f"email=50/s x2/d to 2000/s from {three_days_ago}",
+    )
+    code, out, _ = run(capsys, "stats", "--json")
+    assert code == 0
+    assert json.loads(out)["rate_limits"] == [
+        {
+            "provider": "email",
+            "limits": ["20000/h", "400/s"],
+            "warmup": {
+                "spec": f"50/s x2/d to 2000/s from {three_days_ago}",
+                "first_day": three_days_ago,
+                "day": 3,
+                "rate_today": "400/s",
+                "ceiling": "2000/s",
+            },
+        },
+        {"provider": "sms", "limits": ["10/s"], "warmup": None},
+    ]
+    code, out, _ = run(capsys, "stats")
+    assert "email     20000/h, 400/s  day 3 of the warm-up: 400/s today, ceiling 2000/s" in out
