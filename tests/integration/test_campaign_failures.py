@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from notifier.cli.campaign_exports import failures_json
 from notifier.db.failures import failed_pages
 from tests.commands import run
 from tests.factories import MakeRow, MakeRows, finished_campaign
@@ -231,6 +232,17 @@ def test_failures_go_to_stdout_and_an_unknown_campaign_is_one_line(
     assert len(list(csv.reader(io.StringIO(out, newline="")))) == 4
     assert err == "3 failed recipients of campaign 'spring'\n"
 
+    code, out, _ = run(capsys, "campaign", "failures", "spring", "--json")
+    assert code == 0
+    assert out.count("\n") == 1
+    found = json.loads(out)
+    assert [(f["recipient"], f["status"]) for f in found] == [
+        ('=HYPERLINK("http://x")@example.com', "dead"),  # as it is: JSON goes to programs
+        ("ann@example.com", "dead"),
+        ("bob@example.com", "bounced"),
+    ]
+    assert set(found[0]) == {"recipient", "status", "reason", "attempts", "last_attempt_at", "id"}
+
     code, out, err = run(capsys, "campaign", "failures", "nope")
     assert (code, out, err) == (2, "", "notifier: no campaign named 'nope'\n")
 
@@ -253,6 +265,8 @@ def test_the_export_walks_every_page_once_by_recipient(db: Engine, make_rows: Ma
     recipients = [f.recipient for p in pages for f in p]
     assert recipients == sorted(recipients)
     assert sorted(f.id for p in pages for f in p) == sorted(ids)
+    as_json = json.loads("".join(piece for piece, _ in failures_json(db, spring, page=1000)))
+    assert [f["recipient"] for f in as_json] == recipients
 
 
 def test_an_export_that_fails_half_way_leaves_the_old_file(
