@@ -143,8 +143,10 @@ class DeadFilter:
     until: datetime | None = None
     #: a piece of ``last_error``, matched ignoring case
     error: str | None = None
+    #: a campaign's name (its id, looked up, goes to ``params``)
+    campaign: str | None = None
 
-    def params(self, snap: Snapshot) -> dict[str, Any]:
+    def params(self, snap: Snapshot, campaign_id: int | None = None) -> dict[str, Any]:
         # Only rows already dead at the snapshot: a requeued row that dies again during the run
         # is not requeued a second time.
         until = snap.now if self.until is None else min(self.until, snap.now)
@@ -152,6 +154,7 @@ class DeadFilter:
             "max_id": snap.max_id,
             "ids": self.ids or None,
             "channels": self.channels or None,
+            "campaign_id": campaign_id,
             "since": self.since,
             "until": until,
             "error": None if self.error is None else like_escape(self.error),
@@ -179,10 +182,13 @@ class Change:
 
 
 def count_requeue(engine: Engine, f: DeadFilter) -> tuple[int, Snapshot]:
-    """How many dead rows ``f`` matches now, and the snapshot ``requeue`` takes them from."""
+    """How many dead rows ``f`` matches now, and the snapshot ``requeue`` takes them from.
+
+    Raises ``ValueError`` for a campaign that does not exist.
+    """
     with engine.begin() as conn:
         snap = bulk.snapshot(conn)
-        return bulk.count_dead(conn, f.params(snap)), snap
+        return bulk.count_dead(conn, f.params(snap, campaign_id(conn, f.campaign))), snap
 
 
 def requeue(
@@ -194,7 +200,8 @@ def requeue(
     progress: Progress | None = None,
 ) -> Change:
     """Matching dead rows -> ``pending``, due now, attempts reset to 0 (``last_error`` kept)."""
-    params = f.params(snap)
+    with engine.connect() as conn:
+        params = f.params(snap, campaign_id(conn, f.campaign))
     return _in_batches(
         engine,
         lambda c, after: bulk.requeue_dead(c, params, after, batch_size),
@@ -235,17 +242,23 @@ def cancel(
     )
 
 
+def campaign_id(conn: Connection, name: str | None) -> int | None:
+    """The id of the campaign named ``name`` (``None`` for no name); ``ValueError`` if there
+    is no such campaign."""
+    if name is None:
+        return None
+    found = bulk.campaign_id(conn, name)
+    if found is None:
+        raise ValueError(f"no campaign named {name!r}")
+    return found
+
+
 def _waiting_params(conn: Connection, f: WaitingFilter, snap: Snapshot) -> dict[str, Any]:
-    campaign_id = None
-    if f.campaign is not None:
-        campaign_id = bulk.campaign_id(conn, f.campaign)
-        if campaign_id is None:
-            raise ValueError(f"no campaign named {f.campaign!r}")
     return {
         "max_id": snap.max_id,
         "statuses": [str(s) for s in f.statuses],
         "channels": f.channels or None,
-        "campaign_id": campaign_id,
+        "campaign_id": campaign_id(conn, f.campaign),
         "since": f.since,
         "until": f.until,
     }

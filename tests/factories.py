@@ -172,3 +172,18 @@ def ago(delta: timedelta = timedelta(0), /, **parts: float) -> datetime:
 def from_now(**parts: float) -> datetime:
     """The time ``timedelta(**parts)`` after now: ``from_now(hours=1)``."""
     return datetime.now(UTC) + timedelta(**parts)
+
+
+def finished_campaign(engine: Engine, name: str, channel: str = "email") -> int:
+    """A campaign row named ``name``, finished (nothing left to launch or send); its id. Its
+    notifications are the test's to write, with ``campaign_id``."""
+    with engine.begin() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "INSERT INTO campaigns (name, channel, status) VALUES (:name, :channel,"
+                    " 'finished') RETURNING id"
+                ),
+                {"name": name, "channel": channel},
+            ).scalar_one()
+        )

@@ -1,5 +1,6 @@
 """``notifier campaign ...``: create, launch, watch, pause, resume and cancel campaigns; the
-imports (``audience``, ``codes``) are ``notifier.cli.campaign_imports``."""
+imports (``audience``, ``codes``) are ``notifier.cli.campaign_imports``, the export of failures
+``notifier.cli.campaign_exports``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 from notifier.campaigns import MOST_PARALLEL, PARALLEL, Campaigns, Progress
 from notifier.cli import output, terminal
 from notifier.cli.base import Group
+from notifier.cli.campaign_exports import failures
 from notifier.cli.campaign_imports import audience, campaign_service, codes
 from notifier.cli.output import Text
 from notifier.cli.parsing import JSON_OBJECT
@@ -249,6 +251,8 @@ _simple(
     "Cancel every unsent notification of campaign NAME, including those of a launch under way."
     " Final: a cancelled campaign cannot be launched again; create a new one to send it.",
 )
+
+campaign.add_command(failures)
 
 
 def _watch(campaigns: Campaigns, name: str) -> Progress:

@@ -121,6 +121,9 @@ _CHANNEL = click.option(
     metavar="CHANNEL",
     help="Only rows of this channel, e.g. email (repeatable).",
 )
+_CAMPAIGN = click.option(
+    "--campaign", metavar="NAME", help="Only rows of this campaign, by its name."
+)
 
 
 # --- requeue and cancel -------------------------------------------------------------------------
@@ -132,14 +135,17 @@ _CHANNEL = click.option(
     help="Dead rows back to pending, due now, with their attempts reset to 0 (last_error is"
     " kept). Filters combine; times are when the rows died. Works in batches of 5,000 rows,"
     " each its own transaction.\n\n"
-    "Exit status: 0 done, 1 nothing matched, 3 not confirmed.\n\n"
+    "Exit status: 0 done, 1 nothing matched, 2 bad arguments (or no such campaign), 3 not"
+    " confirmed.\n\n"
     "\b\nExamples:\n"
     '  notifier requeue --channel email --last 2h --error "451"\n'
     "  notifier requeue --id 1042 --id 1043 --yes\n"
+    "  notifier requeue --campaign spring --yes\n"
     "  notifier requeue --all --dry-run",
 )
 @_ID
 @_CHANNEL
+@_CAMPAIGN
 @_times("that died")
 @click.option(
     "--error",
@@ -150,6 +156,7 @@ _CHANNEL = click.option(
 def requeue(
     ids: tuple[int, ...],
     channels: tuple[str, ...],
+    campaign: str | None,
     since: datetime | None,
     last: timedelta | None,
     until: datetime | None,
@@ -158,10 +165,12 @@ def requeue(
 ) -> int:
     ctx = click.get_current_context()
     exclusive(ctx, "since", "last")
-    _need_a_filter("requeue", bulk, ids or channels or since or last or until or error)
+    given = ids or channels or campaign or since or last or until or error
+    _need_a_filter("requeue", bulk, given)
     f = ops.DeadFilter(
         ids=list(ids),
         channels=list(channels),
+        campaign=campaign,
         since=_since(since, last),
         until=until,
         error=error,
@@ -202,7 +211,7 @@ def requeue(
     help="Why, stored in each cancelled row's last_error.",
 )
 @_CHANNEL
-@click.option("--campaign", metavar="NAME", help="Only rows of this campaign, by its name.")
+@_CAMPAIGN
 @_times("created")
 @click.option(
     "--status",

@@ -15,6 +15,7 @@ from notifier.cli import output
 from notifier.cli.base import NOTHING_MATCHED, Command
 from notifier.cli.output import Fields, Table, Text
 from notifier.cli.parsing import Parsed, whole_number
+from notifier.delivery.ratelimit import ProviderRate, rates, utc_now
 from notifier.settings import get_settings
 
 
@@ -22,7 +23,8 @@ from notifier.settings import get_settings
     cls=Command,
     short_help="Rows by status and channel, the lag, and recent throughput.",
     help="Rows by status and channel, how many are due and how long the oldest due row has"
-    " waited (the lag), then sends, retries and deaths per minute over the last --minutes."
+    " waited (the lag), then sends, retries and deaths per minute over the last --minutes,"
+    " and each rate-limited provider's limits today (a warm-up's day and today's rate)."
     "\n\nExample: notifier stats --minutes 60",
 )
 @click.option(
@@ -35,6 +37,8 @@ from notifier.settings import get_settings
 @output.json_option
 def stats(minutes: int) -> int:
     stats = ops.stats(db.engine(), minutes)
+    settings = get_settings()
+    limited = rates(settings.rate_limits, settings.rate_warmup, utc_now())
     q = stats.queue
     data = {
         "by_status_channel": [
@@ -59,6 +63,7 @@ def stats(minutes: int) -> int:
             "dead": stats.status_events.dead,
             "oldest_pending_seconds": stats.status_events.oldest_pending_seconds,
         },
+        "rate_limits": [_rate_json(r) for r in limited],
     }
     blocks: list[output.Block] = [
         Table(["STATUS", "CHANNEL", "COUNT"], [(s, c, n) for s, c, n in q.by_status_channel]),
@@ -86,12 +91,44 @@ def stats(minutes: int) -> int:
                 f" {events.dead} dead"
             )
         )
-    if not get_settings().record_attempts:
+    if limited:
+        blocks.append(Text("\nrate limits (UTC day):"))
+        blocks.append(
+            Table(
+                ["PROVIDER", "LIMITS TODAY", "WARM-UP"],
+                [
+                    (
+                        r.provider,
+                        ", ".join(r.current),
+                        r.warmup.describe(r.today) if r.warmup else "",
+                    )
+                    for r in limited
+                ],
+            )
+        )
+    if not settings.record_attempts:
         blocks.append(
             Text("(NOTIFIER_RECORD_ATTEMPTS is off: throughput comes from the attempt history)")
         )
     output.emit(data, *blocks)
     return 0
+
+
+def _rate_json(rate: ProviderRate) -> dict[str, object]:
+    w = rate.warmup
+    return {
+        "provider": rate.provider,
+        "limits": rate.current,
+        "warmup": None
+        if w is None
+        else {
+            "spec": w.spelling,
+            "first_day": w.first_day.isoformat(),
+            "day": w.day(rate.today),
+            "rate_today": w.rate_on(rate.today),
+            "ceiling": w.ceiling.spelling,
+        },
+    }
 
 
 @click.command(

@@ -125,6 +125,7 @@ def _bulk_filter(values: dict[str, str]) -> ops.DeadFilter | ops.WaitingFilter:
             since=_when(values.get("since"), "since"),
             until=_when(values.get("until"), "until"),
             error=values.get("error", "").strip() or None,
+            campaign=values.get("campaign", "").strip() or None,
         )
     if values.get("action") == "cancel":
         statuses = tuple(s for s in ("pending", "processing") if values.get(f"status_{s}"))

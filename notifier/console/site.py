@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
-from notifier.console import actions, pages
+from notifier.console import actions, exports, pages
 from notifier.console.app import Console, Guard, Refused, refused
 from notifier.console.auth import Sessions
 from notifier.console.gate import Gate
@@ -44,6 +44,7 @@ def create_app(
         )
     routes: list[BaseRoute] = [
         *pages.routes(),
+        *exports.routes(),
         *actions.routes(),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
     ]

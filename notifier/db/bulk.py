@@ -32,6 +32,7 @@ _DEAD = """
     status = 'dead' AND id <= :max_id
     AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
     AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
+    AND (CAST(:campaign_id AS bigint) IS NULL OR campaign_id = CAST(:campaign_id AS bigint))
     AND (CAST(:since AS timestamptz) IS NULL OR updated_at >= CAST(:since AS timestamptz))
     AND updated_at < CAST(:until AS timestamptz)
     AND (CAST(:error AS text) IS NULL

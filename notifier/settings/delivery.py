@@ -9,7 +9,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, NoDecode
 
 from notifier.settings.parsed import parsed
-from notifier.specs import Window, parse_failover, parse_limits, parse_overrides
+from notifier.specs import (
+    Warmup,
+    Window,
+    parse_failover,
+    parse_limits,
+    parse_overrides,
+    parse_warmups,
+)
 
 
 class DeliverySettings(BaseSettings):
@@ -115,6 +122,17 @@ class DeliverySettings(BaseSettings):
     )
     """Sends per provider allowed across all workers, e.g. ``email=100/s,20000/h;sms=10/s``
     (windows ``N/s|m|h|d``, ``N/10s``, ``N/s:burst``); see ``notifier/delivery/ratelimit.py``."""
+
+    rate_warmup: Annotated[dict[str, Warmup], NoDecode, parsed(parse_warmups)] = Field(
+        default_factory=dict
+    )
+    """Limits that ramp up by day, for a new sending domain, IP or number whose provider
+    trusts it a little more each day: ``email=50/s x2/d to 2000/s from 2026-12-01`` allows 50
+    a second on 1 December (UTC), 100 on the 2nd, 200 on the 3rd, ... and 2000 from the 7th on.
+    Before the first day the start applies. The first day is written here, never taken from
+    when a worker started, so every worker sends at the same day's rate and a restart does not
+    begin the ramp again. Applies beside the provider's ``NOTIFIER_RATE_LIMITS`` windows (the
+    tightest wins); ``notifier stats`` shows the day and today's rate."""
 
     retention_sent_days: float = Field(30.0, gt=0)
     """``notifier purge`` and the daily ``notifier.purge`` task delete ``sent`` rows, and their

@@ -56,7 +56,7 @@ def dispatcher() -> Dispatcher:
         gate=redis_gate,
         stopping=STOPPING,
         guards=guards.load_registry(get_settings()),
-        limiter=RateLimiter(redis_client(), get_settings().rate_limits),
+        limiter=RateLimiter(redis_client(), get_settings().rate_limits, get_settings().rate_warmup),
         observe=count,
     )
     _start_heartbeat(dispatcher.worker)

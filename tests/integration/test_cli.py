@@ -94,6 +94,7 @@ PRINTING: list[tuple[list[str], list[list[str]]]] = [
         [["campaign", "launch", "spring", "--no-watch"], ["campaign", "pause", "spring"]],
     ),
     (["campaign", "cancel", "spring"], []),
+    (["campaign", "failures", "spring"], []),
     (["template", "add", "hello", "--channel", "email", "--subject", "Hi {{ name }}"], []),
     (["template", "list"], []),
     (["template", "show", "welcome"], []),

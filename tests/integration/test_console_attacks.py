@@ -49,6 +49,7 @@ ROUTES = [
     ("GET", "/campaigns"),
     ("GET", "/campaigns/{}/{}"),
     ("POST", "/campaigns/{}/{}"),
+    ("POST", "/campaigns/{}/failures.csv"),
     ("GET", "/suppressions"),
     ("POST", "/suppressions/search"),
     ("POST", "/suppressions/{}"),

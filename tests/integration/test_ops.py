@@ -90,6 +90,7 @@ def test_stats_json_has_counts_lag_and_sent_per_minute(
         "by_status_channel",
         "due",
         "lag_seconds",
+        "rate_limits",
         "sent_per_minute",
         "status_events",
         "throughput",

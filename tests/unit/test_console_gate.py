@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.routing import Match
 
-from notifier.console import actions, pages
+from notifier.console import actions, exports, pages
 from notifier.console.app import Segment, segment
 from notifier.console.gate import Gate, route_path
 from notifier.settings import SettingsError, get_settings
@@ -154,7 +154,7 @@ def _routed(path: str, method: str) -> list[str]:
     scope = {"type": "http", "path": path, "method": method}
     return [
         getattr(r, "path", "")
-        for r in [*pages.routes(), *actions.routes()]
+        for r in [*pages.routes(), *exports.routes(), *actions.routes()]
         if r.matches(scope)[0] is Match.FULL
     ]
 
@@ -166,6 +166,7 @@ def test_a_name_of_dots_leads_nowhere(name: str) -> None:
     button for one reaches another page's action (a 404, nothing else)."""
     for built in (
         f"/campaigns/{segment(name)}/cancel",
+        f"/campaigns/{segment(name)}/failures.csv",
         f"/templates/{segment(name)}/email/en",
         f"/templates/t/{segment(name)}/en",
         f"/templates/t/email/{segment(name)}",
