@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from notifier.delivery.ratelimit import rates, windows_on
-from notifier.settings import Settings, SettingsError, _invalid, get_settings
+from notifier.settings import Settings, SettingsError, get_settings
+from notifier.settings.loading import _invalid
 from notifier.specs import parse_limits, parse_warmup, parse_warmups
 from tests.factories import SetEnv
 

@@ -1,0 +1,149 @@
+"""The small grammars of notifier's settings, each parsed by one function that names what it
+expects when it refuses: failover chains, recipient overrides, rate windows, locales,
+categories, networks, the status webhook's events, and the console's users and host names.
+
+Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from notifier.specs.console import (
+    HOST_SYNTAX,
+    HostPattern,
+    Role,
+    User,
+    parse_hash,
+    parse_hosts,
+    parse_users,
+    split_host,
+    unb64,
+)
+from notifier.specs.rates import (
+    WARMUP_SYNTAX,
+    Warmup,
+    Window,
+    default_burst,
+    parse_limits,
+    parse_warmup,
+    parse_warmups,
+    parse_window,
+)
+
+__all__ = [
+    "CATEGORY_PATTERN",
+    "HOST_SYNTAX",
+    "STATUS_EVENTS",
+    "WARMUP_SYNTAX",
+    "HostPattern",
+    "Role",
+    "User",
+    "Warmup",
+    "Window",
+    "default_burst",
+    "normalize_locale",
+    "parse_category",
+    "parse_failover",
+    "parse_hash",
+    "parse_hosts",
+    "parse_limits",
+    "parse_networks",
+    "parse_overrides",
+    "parse_status_events",
+    "parse_users",
+    "parse_warmup",
+    "parse_warmups",
+    "parse_window",
+    "split_host",
+    "unb64",
+]
+
+_LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
+#: A row's or campaign's category, as the ``*_category`` CHECK constraints have it.
+CATEGORY_PATTERN = r"[a-z0-9_.-]{1,64}"
+
+
+def parse_failover(text: str) -> dict[str, list[str]]:
+    """``email=email,email_backup;sms=sms,sms_backup`` -> provider names by channel, in order."""
+    chains: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, names = part.partition("=")
+        providers = [n.strip() for n in names.split(",") if n.strip()]
+        if not sep or not channel.strip() or not providers:
+            raise ValueError(
+                f"{part!r} is not channel=provider,provider..., e.g. email=email,email_backup"
+            )
+        chains[channel.strip()] = providers
+    return chains
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """``email=qa@example.com;sms=+14155550100`` -> recipient by channel."""
+    overrides: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        channel, sep, recipient = (s.strip() for s in part.partition("="))
+        if not sep or not channel or not recipient:
+            raise ValueError(
+                f"{part!r} is not channel=recipient, e.g. email=qa@example.com;sms=+14155550100"
+            )
+        if channel in overrides:
+            raise ValueError(f"channel {channel!r} is overridden twice")
+        overrides[channel] = recipient
+    return overrides
+
+
+def parse_category(text: str) -> str:
+    """A category as given (``marketing``, ``billing.invoices``), or a ``ValueError`` saying
+    what one looks like; ``None`` is for transactional rows and is never parsed."""
+    if not re.fullmatch(CATEGORY_PATTERN, text):
+        raise ValueError(
+            f"category {text[:80]!r} is not a category like marketing or security: use 1 to 64"
+            " of a-z, 0-9, '_', '.', '-' (or no category for transactional messages)"
+        )
+    return text
+
+
+def normalize_locale(text: str) -> str:
+    """``de_at`` -> ``de-AT``, ``zh-hant-tw`` -> ``zh-Hant-TW``: BCP 47's conventional case,
+    so that rows and templates written either way find each other."""
+    parts = re.split(r"[-_]", text.strip())
+    if not all(_LOCALE_PART.fullmatch(p) for p in parts) or not parts[0].isalpha():
+        raise ValueError(f"{text!r} is not a locale like en, de or de-AT")
+    normalized = [parts[0].lower()]
+    for part in parts[1:]:
+        if len(part) == 2 and part.isalpha():
+            normalized.append(part.upper())
+        elif len(part) == 4 and part.isalpha():
+            normalized.append(part.title())
+        else:
+            normalized.append(part.lower())
+    return "-".join(normalized)
+
+
+def parse_networks(text: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``10.0.0.0/8,fd00::/8`` (comma-separated CIDRs; a plain address is one host) -> networks."""
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError as exc:
+            raise ValueError(
+                f"{item!r} is not a network in CIDR notation like 10.0.0.0/8 or fd00::/8 ({exc})"
+            ) from None
+    return networks
+
+
+#: What the status webhook may report: the final statuses and the delivery states.
+STATUS_EVENTS = ("sent", "dead", "cancelled", "delivered", "undelivered", "bounced", "complained")
+
+
+def parse_status_events(text: str) -> list[str]:
+    """``dead,bounced`` -> those names; a ``ValueError`` naming any that is no event."""
+    events = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = set(events) - set(STATUS_EVENTS)
+    if unknown:
+        known = ", ".join(sorted(STATUS_EVENTS))
+        raise ValueError(f"unknown {', '.join(sorted(unknown))}; known: {known}")
+    return events
