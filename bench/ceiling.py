@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and ben
 
 import psycopg
 
-from bench import harness
+from bench import children, harness
 from bench.common import load, sqlalchemy_url
 from bench.drains import insert_due, status_counts
 from bench.harness import BATCH, Bench, Line, Result, fmt_int
@@ -113,7 +113,7 @@ def measure(bench: Bench) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         insert_s, _ = insert_due(conn, rows, "null", "bench")
         print(f"  inserted {rows:,} due rows in {insert_s:.1f}s", flush=True)
-    started, reports, pg_cpu = harness.run_children(
+    started, reports, pg_cpu = children.run_children(
         _raw_loop, url, name, PROCESSES, BATCH, timeout=60 + rows / 500
     )
     with psycopg.connect(url) as conn:

@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and ben
 
 import psycopg
 
-from bench import harness
+from bench import children, harness
 from bench.common import SetupError, load, run_interruptibly
 from bench.drains import drain, workers
 from bench.harness import Bench, Result, describe_settings, ratio_line
@@ -175,7 +175,7 @@ def minimal(bench: Bench) -> Result:
             "INSERT INTO queue (status) SELECT 'pending' FROM generate_series(1, %s)", [args.rows]
         )
         conn.execute("VACUUM ANALYZE queue")
-    started, reports, pg_cpu = harness.run_children(
+    started, reports, pg_cpu = children.run_children(
         _minimal_loop, url, name, args.processes, args.batch
     )
     with psycopg.connect(url) as conn:
@@ -212,7 +212,7 @@ def pgqueuer(bench: Bench) -> Result:
             await conn.close()
 
     asyncio.run(install_and_enqueue())
-    started, reports, pg_cpu = harness.run_children(
+    started, reports, pg_cpu = children.run_children(
         _pgqueuer_worker, url, name, processes, bench.args.batch
     )
     with psycopg.connect(url) as conn:
