@@ -198,6 +198,29 @@ class Settings(BaseSettings):
     sms_timeout: float = Field(10.0, gt=0)
     """Seconds allowed to connect to Twilio and for each write and read of one send."""
 
+    # -- Amazon SES (the ``ses`` provider of the ``email`` channel) -------------------------------
+    # Credentials come from the AWS SDK's default chain, never from here: AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_PROFILE and the shared files, a web
+    # identity token, the container's or the instance's role.
+
+    ses_region: str | None = Field(None, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+    """AWS region whose SES sends (``eu-west-1``); unset, the SDK's own: AWS_DEFAULT_REGION, then
+    the profile's ``region`` in the shared config file."""
+
+    ses_endpoint_url: str | None = None
+    """SES API endpoint instead of the region's public one: a VPC interface endpoint
+    (``https://vpce-....email.eu-west-1.vpce.amazonaws.com``), or a local SES in tests; https,
+    unless on loopback."""
+
+    ses_configuration_set: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Configuration set every SES message is sent with: the one whose event destination
+    publishes deliveries, bounces and complaints to the SNS topic ``notifier events`` reads (the
+    message tag ``notifier_id`` names the row in those events)."""
+
+    ses_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to SES and for each read; a whole send is allowed three times
+    that. The SDK does not retry by itself (notifier does, with backoff and failover)."""
+
     max_payload_bytes: int = Field(65_536, gt=0)
     """Largest ``payload`` a row may carry, measured as compact UTF-8 JSON; a bigger one makes
     the row ``dead``. Keeps one row from filling a worker's memory or a receiver's limits."""
@@ -382,6 +405,7 @@ class Settings(BaseSettings):
             6 * self.smtp_timeout,
             3 * self.webhook_timeout,
             3 * self.sms_timeout,
+            3 * self.ses_timeout,
             6 * self.push_timeout,  # a token fetch, then the send
         )
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-from ipaddress import ip_address
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
@@ -28,6 +27,7 @@ import httpx
 from notifier.models import Notification, truncate
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.http import SharedClient, parse_retry_after
+from notifier.providers.netguard import is_loopback
 from notifier.settings import Settings
 
 MAX_BODY_CHARS = 1600  # Twilio's limit for Body (error 21617 beyond it)
@@ -167,21 +167,12 @@ def _configuration_error(s: Settings) -> str | None:
         host = ""
     if not host or parts.scheme not in ("http", "https"):
         return f"NOTIFIER_TWILIO_API_BASE {s.twilio_api_base!r} is not an https:// URL"
-    if parts.scheme == "http" and not _is_loopback(host):
+    if parts.scheme == "http" and not is_loopback(host):
         return (
             f"NOTIFIER_TWILIO_API_BASE {s.twilio_api_base!r} uses plain http; use https "
             "(the auth token is in every request; http is only accepted on loopback)"
         )
     return None
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _accepted(doc: dict[str, Any] | None) -> Outcome:

@@ -170,10 +170,7 @@ class WebhookProvider(Provider):
         self._session = self._session_loop = None
         if session is None or loop is None or loop.is_closed():
             return
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
-        else:
-            loop.run_until_complete(session.close())
+        eventloop.finish_on(loop, session.close())
 
     def _check_host(self, host: str) -> None:
         refusal = self._policy.check_literal(host)

@@ -1,0 +1,577 @@
+"""The ``ses`` provider, with aiobotocore as the client, against real HTTP servers on loopback.
+
+SES itself is moto in server mode (``ThreadedMotoServer``, a real implementation of the SES v2
+API): the tests verify an identity in it, send, and read back what it stored from its
+``/moto-api/data.json``. A recording proxy in front of it keeps each request as it went on the
+wire (moto drops tags and configuration sets). What moto cannot be made to answer (throttling,
+5xx, a paused account) comes from pytest-httpserver answering SES's documented error format:
+the status, ``x-amzn-ErrorType`` and a JSON ``message``. A bare socket plays the server that
+never answers, and a closed port the one that is not there.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.policy import default as default_policy
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import httpx
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from moto.server import ThreadedMotoServer
+from pytest_httpserver import HTTPServer
+from sqlalchemy import Engine, text
+from werkzeug import Request, Response
+
+from notifier.events import sns
+from notifier.events.state import Applier
+from notifier.models import Notification
+from notifier.providers import chains, registry_of
+from notifier.providers.base import Permanent, Retry, Sent
+from notifier.providers.email import EmailProvider
+from notifier.providers.ses import DEPLOYMENT_PAUSE_SECONDS, SesProvider
+from notifier.settings import Settings, get_settings
+from tests.factories import MakeRow, SetEnv, claimed
+from tests.raw_server import RawServer, silence
+
+REGION = "eu-west-1"
+SENDER = "shop@shop.example"
+
+MakeProvider = Callable[..., SesProvider]
+
+
+def notification(id: int = 42, recipient: str = "ann@example.com", **fields: Any) -> Notification:
+    values: dict[str, Any] = {
+        "subject": "Your code: SPRING-25 ✓",
+        "body": "Hello Ann, your code is SPRING-25.",
+        "payload": {"html": "<p>Hello Ann</p>", "campaign": "spring"},
+        "category": "marketing",
+    }
+    return claimed("email", recipient, id, **{**values, **fields})
+
+
+# -- the servers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[str]:
+    """moto's SES on a free loopback port of its own for this run."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Recorder:
+    """A proxy in front of moto that keeps every request, and counts its connections."""
+
+    url: str
+    requests: list[Recorded] = field(default_factory=list)
+    connections: int = 0
+
+    def sends(self) -> list[dict[str, Any]]:
+        return [json.loads(r.body) for r in self.requests if r.path == "/v2/email/outbound-emails"]
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so that connection reuse shows
+    recorder: Recorder
+    upstream: str
+
+    def setup(self) -> None:
+        super().setup()
+        self.recorder.connections += 1
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self.recorder.requests.append(Recorded(self.path, headers, body))
+        upstream = urlsplit(self.upstream)
+        conn = http.client.HTTPConnection(upstream.hostname or "", upstream.port, timeout=30)
+        try:
+            conn.request("POST", self.path, body, dict(self.headers.items()))
+            answer = conn.getresponse()
+            data = answer.read()
+        finally:
+            conn.close()
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding", "date"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder(moto: str) -> Iterator[Recorder]:
+    httpx.post(moto + "/moto-api/reset").raise_for_status()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
+    found = Recorder(f"http://127.0.0.1:{server.server_address[1]}")
+    server.RequestHandlerClass = type("Proxy", (_Proxy,), {"recorder": found, "upstream": moto})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield found
+    server.shutdown()
+    server.server_close()
+
+
+def stored(moto: str) -> list[dict[str, Any]]:
+    """The raw messages moto's SES accepted."""
+    return list(httpx.get(moto + "/moto-api/data.json").json()["ses"]["RawMessage"])
+
+
+def shape(raw: bytes) -> list[tuple[str, str]]:
+    """A message's headers and parts, less what changes each time one is composed."""
+    message = message_from_bytes(raw, policy=default_policy)
+    varying = {"date", "list-unsubscribe", "content-type"}
+    found = [(k, v) for k, v in message.items() if k.lower() not in varying]
+    for part in message.walk():
+        found.append(
+            (part.get_content_type(), part.get_payload() if not part.is_multipart() else "")
+        )
+    return found
+
+
+def verify(moto: str, identity: str) -> None:
+    client = boto3.client(
+        "sesv2",
+        endpoint_url=moto,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_email_identity(EmailIdentity=identity)
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's default chain finds keys in the environment, and nothing else of this machine."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDNOTIFIERTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def make_provider(aws: None, set_env: SetEnv) -> Iterator[MakeProvider]:
+    """Builds providers from the environment, the way the registry does; shuts them down after."""
+    made: list[SesProvider] = []
+
+    def make(endpoint: str, *, timeout: float = 5, **more: Any) -> SesProvider:
+        set_env(
+            ses_endpoint_url=endpoint,
+            ses_region=REGION,
+            ses_timeout=timeout,
+            email_from=f"Shop <{SENDER}>",
+            failover="email=ses,email",
+            events_public_url="https://events.example.test",
+            unsubscribe_secret="unsubscribe-secret-test",
+            **more,
+        )
+        made.append(SesProvider(get_settings()))
+        return made[-1]
+
+    yield make
+    for provider in made:
+        provider.shutdown()
+
+
+# -- a message sent through SES --------------------------------------------------------------------
+
+
+def test_sends_the_smtp_providers_message_with_its_tag_and_stores_ses_message_id(
+    moto: str, recorder: Recorder, make_provider: MakeProvider
+) -> None:
+    verify(moto, "shop.example")
+    provider = make_provider(recorder.url, ses_configuration_set="notifier-events")
+    assert provider.problem() is None
+    row = notification()
+
+    outcome = provider.send(row)
+
+    [kept] = stored(moto)
+    assert outcome == Sent(kept["id"])
+    [request] = recorder.sends()
+    assert request["EmailTags"] == [{"Name": "notifier_id", "Value": "42"}]
+    assert request["ConfigurationSetName"] == "notifier-events"
+    assert request["FromEmailAddress"] == SENDER
+    assert request["Destination"] == {"ToAddresses": ["ann@example.com"]}
+    signed = recorder.requests[-1].headers["authorization"]
+    assert signed.startswith("AWS4-HMAC-SHA256 Credential=AKIDNOTIFIERTEST/")
+    assert f"/{REGION}/ses/aws4_request" in signed  # the region, the chain's keys
+
+    # The SMTP provider's message, but for what differs per composition: the date, the sealed
+    # unsubscribe token and the MIME boundaries.
+    raw = kept["raw_data"].encode()
+    smtp = EmailProvider(get_settings())._compose(row, "<notification-42@shop.example>")
+    assert shape(raw) == shape(smtp)
+    message = message_from_bytes(raw, policy=default_policy)
+    assert message["Message-ID"] == "<notification-42@shop.example>"
+    assert message["X-Notifier-Id"] == "42"
+    assert message["Subject"] == "Your code: SPRING-25 ✓"
+    assert message["From"] == f"Shop <{SENDER}>"
+    assert message["List-Unsubscribe"].startswith("<https://events.example.test/")
+    assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert [part.get_content_type() for part in message.walk()] == [
+        "multipart/alternative",
+        "text/plain",
+        "text/html",
+    ]
+
+
+def test_one_client_serves_every_batch_until_shutdown(
+    moto: str, recorder: Recorder, make_provider: MakeProvider
+) -> None:
+    verify(moto, SENDER)
+    provider = make_provider(recorder.url)
+    for n in range(3):
+        assert isinstance(provider.send(notification(id=n + 1)), Sent)
+        provider.close()  # the end of a batch
+    assert recorder.connections == 1
+    provider.shutdown()
+    assert isinstance(provider.send(notification(id=9)), Sent)
+    assert recorder.connections == 2
+    assert len(stored(moto)) == 4
+
+
+def test_a_chain_picks_ses_before_smtp(make_provider: MakeProvider) -> None:
+    ses = make_provider("http://127.0.0.1:9")
+    s = get_settings()
+    chain = chains(registry_of([EmailProvider(s), ses]), s.failover)
+    assert [p.name or p.channel for p in chain["email"]] == ["ses", "email"]
+
+
+def test_an_unverified_sender_is_the_deployments_to_fix_not_the_rows(
+    moto: str, recorder: Recorder, make_provider: MakeProvider
+) -> None:
+    verify(moto, "other.example")
+    outcome = make_provider(recorder.url).send(notification())
+    assert len(recorder.sends()) == 1  # it did reach SES, which refused it
+    assert stored(moto) == []
+    assert isinstance(outcome, Retry)
+    assert not outcome.throttled
+    assert "MessageRejected" in outcome.error
+    assert "Did not have authority" in outcome.error
+    assert "verify NOTIFIER_EMAIL_FROM" in outcome.error
+
+
+# -- what SES answers -> what the row gets -------------------------------------------------------
+
+
+def ses_error(status: int, code: str, message: str, **headers: str) -> Response:
+    """An error as SES v2 answers it: the code in ``x-amzn-ErrorType``, a JSON message."""
+    return Response(
+        json.dumps({"message": message}),
+        status=status,
+        headers={"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/", **headers},
+        content_type="application/json",
+    )
+
+
+PAUSE = DEPLOYMENT_PAUSE_SECONDS
+ANSWERS: list[tuple[str, Response, type, bool, float | None, str]] = [
+    (
+        "throttled",
+        ses_error(
+            429, "TooManyRequestsException", "Maximum sending rate exceeded", **{"retry-after": "7"}
+        ),
+        Retry, True, 7.0, "Maximum sending rate exceeded",
+    ),
+    ("v1 throttling", ses_error(400, "Throttling", "Rate exceeded"), Retry, True, None, "Rate"),
+    (
+        "quota", ses_error(400, "LimitExceededException", "Daily message quota exceeded."),
+        Retry, True, PAUSE, "quota",
+    ),
+    (
+        "paused", ses_error(400, "SendingPausedException", "Sending paused."),
+        Retry, True, PAUSE, "resume it",
+    ),
+    (
+        "suspended", ses_error(400, "AccountSuspendedException", "Suspended."),
+        Retry, True, PAUSE, "suspended",
+    ),
+    (
+        "mail from", ses_error(400, "MailFromDomainNotVerifiedException", "No MX."),
+        Retry, False, None, "MAIL FROM",
+    ),
+    (
+        "config set", ses_error(404, "NotFoundException", "Configuration set x does not exist."),
+        Retry, False, None, "NOTIFIER_SES_CONFIGURATION_SET",
+    ),
+    (
+        "sandbox",
+        ses_error(400, "MessageRejected", "Email address is not verified. The following"
+                  " identities failed the check in region EU-WEST-1: ann@example.com"),
+        Retry, False, None, "sandbox",
+    ),
+    (
+        "keys",
+        ses_error(403, "UnrecognizedClientException", "The security token is invalid."),
+        Retry, False, None, "AWS_ACCESS_KEY_ID",
+    ),
+    (
+        "rejected", ses_error(400, "MessageRejected", "Illegal address"),
+        Permanent, False, None, "Illegal address",
+    ),
+    (
+        "bad request", ses_error(400, "BadRequestException", "Invalid raw message."),
+        Permanent, False, None, "BadRequestException",
+    ),
+    ("5xx", ses_error(500, "InternalFailure", "oops"), Retry, False, None, "HTTP 500"),
+    (
+        "5xx garbage", Response(b"\xff<html>bad gateway", status=502),
+        Retry, False, None, "HTTP 502",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind", "throttled", "retry_after", "says"),
+    [pytest.param(*a[1:], id=a[0]) for a in ANSWERS],
+)
+def test_ses_answers_become_outcomes(
+    httpserver: HTTPServer,
+    make_provider: MakeProvider,
+    answer: Response,
+    kind: type,
+    throttled: bool,
+    retry_after: float | None,
+    says: str,
+) -> None:
+    httpserver.expect_request("/v2/email/outbound-emails", method="POST").respond_with_response(
+        answer
+    )
+    outcome = make_provider(httpserver.url_for("")).send(notification())
+    assert len(httpserver.log) == 1  # one request: the SDK itself retries nothing
+    assert isinstance(outcome, kind), outcome
+    assert says in outcome.error
+    if isinstance(outcome, Retry):
+        assert (outcome.throttled, outcome.retry_after) == (throttled, retry_after)
+
+
+@pytest.mark.parametrize("status", [301, 307])
+def test_a_redirect_is_never_taken_for_ses_answering(
+    httpserver: HTTPServer, make_provider: MakeProvider, status: int
+) -> None:
+    elsewhere = httpserver.url_for("/elsewhere")
+    httpserver.expect_request("/v2/email/outbound-emails").respond_with_response(
+        Response(b"", status=status, headers={"Location": elsewhere})
+    )
+    httpserver.expect_request("/elsewhere").respond_with_json({"MessageId": "not-from-ses"})
+    outcome = make_provider(httpserver.url_for("")).send(notification())
+    assert [request.path for request, _ in httpserver.log][-1] == "/elsewhere"  # it was followed
+    assert isinstance(outcome, Retry)
+    assert f"HTTP {status} redirecting to {elsewhere}" in outcome.error
+    assert "NOTIFIER_SES_ENDPOINT_URL" in outcome.error
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"not json at all", None),
+        (json.dumps({"MessageId": "x" * 5000}).encode(), None),
+        (json.dumps({"MessageId": "bad\nid"}).encode(), None),
+        (json.dumps({"MessageId": "0100018c-ok-000000"}).encode(), "0100018c-ok-000000"),
+    ],
+)
+def test_a_success_is_sent_even_when_its_message_id_is_unusable(
+    httpserver: HTTPServer, make_provider: MakeProvider, body: bytes, expected: str | None
+) -> None:
+    httpserver.expect_request("/v2/email/outbound-emails").respond_with_data(
+        body, content_type="application/json"
+    )
+    assert make_provider(httpserver.url_for("")).send(notification()) == Sent(expected)
+
+
+def test_a_server_that_never_answers_is_retried_within_the_timeout(
+    raw_server: Callable[..., RawServer], make_provider: MakeProvider
+) -> None:
+    server = raw_server(silence)
+    provider = make_provider(server.url, timeout=1)
+    started = time.monotonic()
+    outcome = provider.send(notification())
+    took = time.monotonic() - started
+    assert server.accepted == 1  # the request reached it, and it kept silent
+    assert isinstance(outcome, Retry)
+    assert "timed out" in outcome.error
+    assert took < 3 * 1 + 5  # the whole send's limit, with room for a slow machine
+
+
+def test_a_closed_port_is_retried(make_provider: MakeProvider) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    outcome = make_provider(f"http://127.0.0.1:{port}").send(notification())
+    assert isinstance(outcome, Retry)
+    assert f"127.0.0.1:{port}" in outcome.error
+
+
+_CODES = st.sampled_from(
+    ["MessageRejected", "TooManyRequestsException", "SendingPausedException", "NotFoundException"]
+) | st.text(max_size=80)
+
+
+def test_any_answer_becomes_an_outcome(httpserver: HTTPServer, make_provider: MakeProvider) -> None:
+    provider = make_provider(httpserver.url_for(""), timeout=2)
+    answered: list[int] = []
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        status=st.integers(200, 599),
+        code=_CODES,
+        body=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
+        json_body=st.booleans(),
+    )
+    def check(status: int, code: str, body: bytes, json_body: bool) -> None:
+        if json_body:
+            body = json.dumps({"message": body.decode("utf-8", "replace"), "__type": code}).encode()
+
+        def answer(_: Request) -> Response:
+            answered.append(status)
+            headers = {"x-amzn-ErrorType": code.encode("utf-8", "replace").decode("latin-1")}
+            return Response(body, status=status, headers=headers)
+
+        httpserver.clear()
+        httpserver.expect_request("/v2/email/outbound-emails").respond_with_handler(answer)
+        outcome = provider.send(notification())
+        assert answered[-1] == status  # this example's answer was the one read
+        assert isinstance(outcome, Sent | Retry | Permanent)
+        if isinstance(outcome, Sent):
+            assert 200 <= status < 300
+        else:
+            assert len(outcome.error) <= 500
+            assert outcome.error.isprintable()
+
+    check()
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_problem_names_the_missing_region_only_when_a_chain_uses_ses(
+    aws: None, set_env: SetEnv
+) -> None:
+    set_env(failover="email=ses")
+    unused = SesProvider(Settings(failover={}))
+    assert unused.problem() is None
+    problem = SesProvider(get_settings()).problem()
+    assert problem is not None
+    assert "NOTIFIER_SES_REGION" in problem
+    outcome = SesProvider(get_settings()).send(notification())
+    assert outcome == Retry(problem)
+    set_env(ses_region=REGION, ses_endpoint_url="http://ses.example.com")
+    plain = SesProvider(get_settings()).problem()
+    assert plain is not None
+    assert "https" in plain
+    set_env(ses_endpoint_url="https://vpce-1.email.eu-west-1.vpce.amazonaws.com")
+    assert SesProvider(get_settings()).problem() is None
+
+
+def test_the_sdk_region_is_used_when_notifier_names_none(
+    aws: None, set_env: SetEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-southeast-2")
+    set_env(failover="email=ses")
+    provider = SesProvider(get_settings())
+    assert provider.problem() is None
+    assert provider._region == "ap-southeast-2"
+
+
+# -- the way back: SES's events find the row -----------------------------------------------------
+
+
+def test_an_ses_event_built_from_what_the_send_produced_finds_its_row(
+    moto: str,
+    recorder: Recorder,
+    make_provider: MakeProvider,
+    make_row: MakeRow,
+    engine: Engine,
+    redis_url: str,
+) -> None:
+    verify(moto, SENDER)
+    row = make_row(
+        channel="email", recipient="ann@example.com", subject="hi", status="sent", attempts=1
+    )
+    outcome = make_provider(recorder.url).send(notification(id=row))
+    assert isinstance(outcome, Sent)
+    assert outcome.provider_message_id
+    [request] = recorder.sends()
+    [kept] = stored(moto)
+    headers = message_from_bytes(kept["raw_data"].encode(), policy=default_policy)
+
+    def bounce(mail: dict[str, Any]) -> dict[str, Any]:
+        """An SNS notification of SES event publishing, as its documentation shows one."""
+        event = {
+            "eventType": "Bounce",
+            "bounce": {
+                "bounceType": "Permanent",
+                "bounceSubType": "General",
+                "bouncedRecipients": [{"emailAddress": "ann@example.com"}],
+                "timestamp": "2026-12-01T10:00:00.000Z",
+            },
+            # SES replaces the Message-ID with its own: the one it reports is not notifier's
+            "mail": {"messageId": outcome.provider_message_id, **mail},
+        }
+        return {"Type": "Notification", "Message": json.dumps(event)}
+
+    tags = {t["Name"]: [t["Value"]] for t in request["EmailTags"]}
+    by_tag = bounce({"tags": {"ses:configuration-set": ["notifier-events"], **tags}})
+    by_header = bounce(
+        {"headers": [{"name": name, "value": str(v)} for name, v in headers.items()]}
+    )
+    [tagged] = sns.events(by_tag)
+    [named] = sns.events(by_header)
+    assert tagged.notification_id == named.notification_id == row
+    assert tagged.provider_message_id == outcome.provider_message_id
+
+    # And through the events code to the database, the row found by the tag.
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE notifications SET provider_message_id = :m WHERE id = :i"),
+            {"m": outcome.provider_message_id, "i": row},
+        )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        [applied] = Applier(engine, client, get_settings()).apply_all([tagged])
+    finally:
+        client.close()
+    assert (applied.row_id, applied.advanced) == (row, True)
+    # The id alone (an identity's notification without headers or tags) finds it too.
+    [bare] = sns.events(bounce({}))
+    assert bare.notification_id is None
+    assert bare.provider_message_id == outcome.provider_message_id
+    with engine.begin() as conn:
+        status = conn.execute(
+            text("SELECT delivery_status FROM notifications WHERE id = :i"), {"i": row}
+        ).scalar()
+    assert status == "bounced"
