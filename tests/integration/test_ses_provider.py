@@ -11,30 +11,24 @@ never answers, and a closed port the one that is not there.
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.policy import default as default_policy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
 
-import boto3
-import httpx
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from moto.server import ThreadedMotoServer
 from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
+from notifier import eventloop
 from notifier.events import sns
 from notifier.events.state import Applier
 from notifier.models import Notification
@@ -45,6 +39,8 @@ from notifier.providers.ses import DEPLOYMENT_PAUSE_SECONDS, SesProvider
 from notifier.settings import Settings, get_settings
 from tests.factories import MakeRow, SetEnv, claimed
 from tests.raw_server import RawServer, silence
+from tests.ses_server import Recorder, moto_ses, recording, reset, stored
+from tests.ses_server import verify as verify_identity
 
 REGION = "eu-west-1"
 SENDER = "shop@shop.example"
@@ -67,82 +63,19 @@ def notification(id: int = 42, recipient: str = "ann@example.com", **fields: Any
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[str]:
-    """moto's SES on a free loopback port of its own for this run."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@dataclass
-class Recorded:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Recorder:
-    """A proxy in front of moto that keeps every request, and counts its connections."""
-
-    url: str
-    requests: list[Recorded] = field(default_factory=list)
-    connections: int = 0
-
-    def sends(self) -> list[dict[str, Any]]:
-        return [json.loads(r.body) for r in self.requests if r.path == "/v2/email/outbound-emails"]
-
-
-class _Proxy(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, so that connection reuse shows
-    recorder: Recorder
-    upstream: str
-
-    def setup(self) -> None:
-        super().setup()
-        self.recorder.connections += 1
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        self.recorder.requests.append(Recorded(self.path, headers, body))
-        upstream = urlsplit(self.upstream)
-        conn = http.client.HTTPConnection(upstream.hostname or "", upstream.port, timeout=30)
-        try:
-            conn.request("POST", self.path, body, dict(self.headers.items()))
-            answer = conn.getresponse()
-            data = answer.read()
-        finally:
-            conn.close()
-        self.send_response(answer.status)
-        for name, value in answer.getheaders():
-            if name.lower() not in ("content-length", "connection", "transfer-encoding", "date"):
-                self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with moto_ses() as url:
+        yield url
 
 
 @pytest.fixture
 def recorder(moto: str) -> Iterator[Recorder]:
-    httpx.post(moto + "/moto-api/reset").raise_for_status()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
-    found = Recorder(f"http://127.0.0.1:{server.server_address[1]}")
-    server.RequestHandlerClass = type("Proxy", (_Proxy,), {"recorder": found, "upstream": moto})
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield found
-    server.shutdown()
-    server.server_close()
+    reset(moto)
+    with recording(moto) as found:
+        yield found
 
 
-def stored(moto: str) -> list[dict[str, Any]]:
-    """The raw messages moto's SES accepted."""
-    return list(httpx.get(moto + "/moto-api/data.json").json()["ses"]["RawMessage"])
+def verify(moto: str, identity: str) -> None:
+    verify_identity(moto, identity, REGION)
 
 
 def shape(raw: bytes) -> list[tuple[str, str]]:
@@ -155,17 +88,6 @@ def shape(raw: bytes) -> list[tuple[str, str]]:
             (part.get_content_type(), part.get_payload() if not part.is_multipart() else "")
         )
     return found
-
-
-def verify(moto: str, identity: str) -> None:
-    client = boto3.client(
-        "sesv2",
-        endpoint_url=moto,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    client.create_email_identity(EmailIdentity=identity)
 
 
 @pytest.fixture
@@ -260,6 +182,35 @@ def test_one_client_serves_every_batch_until_shutdown(
     assert isinstance(provider.send(notification(id=9)), Sent)
     assert recorder.connections == 2
     assert len(stored(moto)) == 4
+
+
+def test_many_sends_at_once_on_the_loop_each_carry_their_rows_tag(
+    moto: str, recorder: Recorder, make_provider: MakeProvider
+) -> None:
+    verify(moto, SENDER)
+    provider = make_provider(recorder.url)
+
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(provider.send_async(notification(id=n)) for n in range(30)))
+
+    outcomes = eventloop.run(burst())
+    assert all(isinstance(o, Sent) for o in outcomes)
+    assert sorted(o.provider_message_id for o in outcomes) == sorted(m["id"] for m in stored(moto))
+    tags = sorted(int(r["EmailTags"][0]["Value"]) for r in recorder.sends())
+    assert tags == list(range(30))
+
+
+def test_no_credentials_anywhere_is_retried_naming_the_chain(
+    httpserver: HTTPServer, make_provider: MakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = make_provider(httpserver.url_for(""))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    outcome = provider.send(notification())
+    assert httpserver.log == []  # nothing unsigned went out
+    assert isinstance(outcome, Retry)
+    assert "Unable to locate credentials" in outcome.error
+    assert "AWS_ACCESS_KEY_ID" in outcome.error
 
 
 def test_a_chain_picks_ses_before_smtp(make_provider: MakeProvider) -> None:
