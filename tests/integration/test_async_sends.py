@@ -35,7 +35,13 @@ from tests.receiver import Receiver
 LOOPBACK = "127.0.0.0/8,::1/128"
 SECRET = "whsec_" + base64.b64encode(b"an async webhook signing key 32b").decode()
 #: Timeouts small enough that ``longest_send_seconds`` is 0.6 s.
-QUICK = {"smtp_timeout": 0.1, "sms_timeout": 0.1, "push_timeout": 0.1, "webhook_timeout": 0.2}
+QUICK = {
+    "smtp_timeout": 0.1,
+    "sms_timeout": 0.1,
+    "push_timeout": 0.1,
+    "ses_timeout": 0.1,
+    "webhook_timeout": 0.2,
+}
 
 Webhooks = Callable[..., None]
 
