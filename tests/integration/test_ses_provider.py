@@ -29,6 +29,7 @@ from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
 from notifier import eventloop
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.events import sns
 from notifier.events.state import Applier
 from notifier.models import Notification
@@ -469,60 +470,63 @@ def test_an_ses_event_built_from_what_the_send_produced_finds_its_row(
     engine: Engine,
     redis_url: str,
 ) -> None:
+    """A row sent by a real dispatcher through ``email=ses``; then SES's reports about it, as
+    SNS delivers them, each naming the row only one way: by tag, by header, by SES's id."""
     verify(moto, SENDER)
-    row = make_row(
-        channel="email", recipient="ann@example.com", subject="hi", status="sent", attempts=1
+    rows = [
+        make_row(channel="email", recipient=f"r{n}@example.com", subject="hi") for n in (1, 2, 3)
+    ]
+    ses = make_provider(recorder.url)
+    dispatcher = Dispatcher(
+        engine, registry_of([EmailProvider(get_settings()), ses]), get_settings()
     )
-    outcome = make_provider(recorder.url).send(notification(id=row))
-    assert isinstance(outcome, Sent)
-    assert outcome.provider_message_id
-    [request] = recorder.sends()
-    [kept] = stored(moto)
-    headers = message_from_bytes(kept["raw_data"].encode(), policy=default_policy)
+    dispatcher.run_once()
+    dispatcher.close()
+    with engine.begin() as conn:
+        sent = conn.execute(
+            text("SELECT id, status, provider, provider_message_id FROM notifications ORDER BY id")
+        ).all()
+    by_id = {m["id"]: m for m in stored(moto)}
+    assert [(r.id, r.status, r.provider) for r in sent] == [(i, "sent", "ses") for i in rows]
+    assert {r.provider_message_id for r in sent} == set(by_id)  # SES's ids, stored
+    requests = {int(r["EmailTags"][0]["Value"]): r for r in recorder.sends()}
+    message_ids = {r.id: r.provider_message_id for r in sent}
 
-    def bounce(mail: dict[str, Any]) -> dict[str, Any]:
-        """An SNS notification of SES event publishing, as its documentation shows one."""
+    def report(row: int, mail: dict[str, Any]) -> dict[str, Any]:
+        """An SNS notification of an SES bounce, as SES's documentation shows one."""
         event = {
             "eventType": "Bounce",
             "bounce": {
                 "bounceType": "Permanent",
                 "bounceSubType": "General",
-                "bouncedRecipients": [{"emailAddress": "ann@example.com"}],
+                "bouncedRecipients": [{"emailAddress": f"r{rows.index(row) + 1}@example.com"}],
                 "timestamp": "2026-12-01T10:00:00.000Z",
             },
             # SES replaces the Message-ID with its own: the one it reports is not notifier's
-            "mail": {"messageId": outcome.provider_message_id, **mail},
+            "mail": {
+                "commonHeaders": {"messageId": f"<{message_ids[row]}@email.amazonses.com>"},
+                **mail,
+            },
         }
         return {"Type": "Notification", "Message": json.dumps(event)}
 
-    tags = {t["Name"]: [t["Value"]] for t in request["EmailTags"]}
-    by_tag = bounce({"tags": {"ses:configuration-set": ["notifier-events"], **tags}})
-    by_header = bounce(
-        {"headers": [{"name": name, "value": str(v)} for name, v in headers.items()]}
-    )
-    [tagged] = sns.events(by_tag)
-    [named] = sns.events(by_header)
-    assert tagged.notification_id == named.notification_id == row
-    assert tagged.provider_message_id == outcome.provider_message_id
-
-    # And through the events code to the database, the row found by the tag.
-    with engine.begin() as conn:
-        conn.execute(
-            text("UPDATE notifications SET provider_message_id = :m WHERE id = :i"),
-            {"m": outcome.provider_message_id, "i": row},
-        )
+    first, second, third = rows
+    tags = {t["Name"]: [t["Value"]] for t in requests[first]["EmailTags"]}
+    raw = message_from_bytes(by_id[message_ids[second]]["raw_data"].encode(), policy=default_policy)
+    events = [
+        *sns.events(report(first, {"tags": {"ses:configuration-set": ["set"], **tags}})),
+        *sns.events(report(second, {"headers": [{"name": k, "value": v} for k, v in raw.items()]})),
+        *sns.events(report(third, {"messageId": message_ids[third]})),
+    ]
+    assert [e.notification_id for e in events] == [first, second, None]
     client = redis.Redis.from_url(redis_url)
     try:
-        [applied] = Applier(engine, client, get_settings()).apply_all([tagged])
+        applied = Applier(engine, client, get_settings()).apply_all(events)
     finally:
         client.close()
-    assert (applied.row_id, applied.advanced) == (row, True)
-    # The id alone (an identity's notification without headers or tags) finds it too.
-    [bare] = sns.events(bounce({}))
-    assert bare.notification_id is None
-    assert bare.provider_message_id == outcome.provider_message_id
+    assert [(a.row_id, a.advanced, a.mismatched) for a in applied] == [
+        (row, True, False) for row in rows
+    ]
     with engine.begin() as conn:
-        status = conn.execute(
-            text("SELECT delivery_status FROM notifications WHERE id = :i"), {"i": row}
-        ).scalar()
-    assert status == "bounced"
+        states = conn.execute(text("SELECT delivery_status FROM notifications ORDER BY id")).all()
+    assert [s for (s,) in states] == ["bounced"] * 3
