@@ -55,6 +55,16 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     return asyncio.run_coroutine_threadsafe(coro, loop)
 
 
+def finish_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> None:
+    """Run ``coro`` to its end on ``loop``, the process's or another, running in its thread or
+    not, from any thread but that loop's own: closing what a provider made on it (``shutdown``),
+    within ten seconds when the loop runs."""
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=10)
+    else:
+        loop.run_until_complete(coro)
+
+
 def in_loop_thread() -> bool:
     """Whether the caller runs on the loop's thread (where nothing may block)."""
     return _thread is not None and threading.current_thread() is _thread

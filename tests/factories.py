@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from notifier.db import producers
+from notifier.models import Notification
 from notifier.settings import Settings, get_settings
 
 #: The fixtures' types, for the tests' signatures.
@@ -162,6 +163,20 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[SetEnv]:
         yield set_env
     finally:
         get_settings.cache_clear()
+
+
+def claimed(channel: str, recipient: str, id: int = 42, **fields: Any) -> Notification:
+    """A row as a provider gets it from the dispatcher: claimed, on its first attempt."""
+    return Notification(
+        id=id,
+        channel=channel,
+        recipient=recipient,
+        attempts=1,
+        max_attempts=5,
+        claim_token=uuid.uuid4(),
+        created_at=datetime.now(UTC),
+        **fields,
+    )
 
 
 def ago(delta: timedelta = timedelta(0), /, **parts: float) -> datetime:

@@ -33,7 +33,9 @@ Order of checks, cheapest first; nothing is fetched before the last but one:
 The ``Message`` of a notification is SES's JSON (``notificationType``, or ``eventType`` for
 event publishing): ``Delivery``, ``Bounce`` (``bounceType`` ``Permanent`` is hard,
 ``Transient`` and ``Undetermined`` soft) or ``Complaint``, with ``mail.headers`` (when the
-identity includes original headers: ``X-Notifier-Id``) and ``mail.commonHeaders.messageId``.
+identity includes original headers: ``X-Notifier-Id``), ``mail.tags`` (event publishing through
+a configuration set: the tag ``notifier_id``), ``mail.commonHeaders.messageId`` and
+``mail.messageId``, SES's id, which the ``ses`` provider stored as ``provider_message_id``.
 """
 
 from __future__ import annotations
@@ -221,9 +223,15 @@ def events(doc: dict[str, Any]) -> list[Event]:
 
 
 def _notification_id(mail: dict[str, Any]) -> int | None:
+    """The row a report names: by ``X-Notifier-Id`` among the original headers, by the message
+    tag ``notifier_id`` (event publishing; the ``ses`` provider sets it), or by the
+    ``Message-ID`` notifier wrote (a relay that keeps it; SES itself replaces it)."""
     for header in listed(mail.get("headers")):
         if str(obj(header).get("name")).lower() == "x-notifier-id":
             return row_id(obj(header).get("value"))
+    tagged = listed(obj(mail.get("tags")).get("notifier_id"))
+    if tagged:
+        return row_id(tagged[0])
     common = obj(mail.get("commonHeaders"))
     found = _MESSAGE_ID.search(str(common.get("messageId") or ""))
     return int(found[1]) if found else None

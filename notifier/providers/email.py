@@ -6,40 +6,22 @@ operator can fix it before the rows run out of attempts. A 5xx reply to ``RCPT T
 mailbox itself is bad (see ``_mailbox_gone``) is a ``Permanent(suppress=True)``: the recipient
 goes on the suppression list.
 
-Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
-every attempt, so a receiver can drop the duplicate a retry may cause.
-
-So that a relay's delivery reports (``notifier events``) find their row, every message also
-names it in ``X-Notifier-Id: {id}`` and in the metadata headers the common relays hand back in
-their events: ``X-Mailgun-Variables`` (Mailgun's ``user-variables``), ``X-SMTPAPI``
-``unique_args`` (SendGrid) and ``X-PM-Metadata-notifier-id`` (Postmark); a row's own header of
-one of those names wins over notifier's. Campaign rows and rows whose ``payload.unsubscribe``
-is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.unsubscribe``), an
-opt-out of the row's category, unless the row sets its own ``List-Unsubscribe``; a row without
-a category is transactional and carries none.
+What a row must hold and the message it becomes (the ``Message-ID``, the headers that name the
+row for delivery reports, ``List-Unsubscribe``) are ``email_rows.EmailRows``'s, shared with
+the ESPs' API providers.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import smtplib
 import socket
 import ssl
 import threading
-from email.utils import formatdate, parseaddr
-from typing import ClassVar
 
 from notifier.models import Notification, truncate
-from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
-from notifier.providers.email_message import (
-    build,
-    check_notification,
-    check_recipient,
-    check_sender,
-    list_unsubscribe,
-    row_headers,
-)
+from notifier.providers.base import InvalidNotification, Outcome, Permanent, Retry, Sent
+from notifier.providers.email_rows import EmailRows
 from notifier.settings import Settings, SmtpTls
 
 # RFC 3463 enhanced status code at the start of a reply's text, e.g. "5.1.1".
@@ -49,42 +31,27 @@ _ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.(\d{1,3})(?!\d)")
 _MAILBOX_CODES = frozenset({550, 551, 553})
 
 
-class EmailProvider(Provider):
+class EmailProvider(EmailRows):
     """Sends through the SMTP server of ``NOTIFIER_SMTP_*``; safe to call from many threads.
 
     Idle connections wait in a small pool between sends; a send takes one (or opens one) and
     puts it back once its transaction ended cleanly. ``close`` quits them after each batch.
     """
 
-    channel: ClassVar[str] = "email"
-
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self._settings = s = settings
         self._where = f"{s.smtp_host}:{s.smtp_port}"
-        self._sender = parseaddr(s.email_from)[1] or s.email_from
-        _, at, domain = self._sender.rpartition("@")
-        self._domain = domain if at and domain else "notifier.localhost"
         self._ssl = _tls_context(s) if s.smtp_tls is not SmtpTls.none else None
         # smtplib would look this up (a reverse DNS query, outside any timeout) per connection.
         self._local_hostname = socket.getfqdn()
         self._idle: list[smtplib.SMTP] = []
         self._lock = threading.Lock()
-        try:  # a sender every message would be refused for is the deployment's to fix, now
-            check_sender(s.email_from, self._domain)
-        except InvalidNotification as exc:
-            raise ValueError(f"NOTIFIER_EMAIL_FROM {s.email_from!r} is unusable: {exc}") from None
 
     # -- Provider --------------------------------------------------------------------------------
 
-    def validate(self, notification: Notification) -> None:
-        check_notification(notification)
-
-    def validate_recipient(self, recipient: str) -> None:
-        check_recipient(recipient)
-
     def send(self, notification: Notification) -> Outcome:
-        message_id = f"<notification-{notification.id}@{self._domain}>"
+        message_id = self._message_id(notification)
         try:
             content = self._compose(notification, message_id)
         except InvalidNotification as exc:
@@ -204,30 +171,6 @@ class EmailProvider(Provider):
             conn.close()
 
     # -- messages and answers --------------------------------------------------------------------
-
-    def _compose(self, n: Notification, message_id: str) -> bytes:
-        headers, reply_to = row_headers(n, self._feedback_headers(n))
-        return build(
-            sender=self._settings.email_from,
-            recipient=n.recipient,
-            subject=n.subject or "",
-            date=formatdate(usegmt=True),
-            message_id=message_id,
-            headers=headers,
-            reply_to=reply_to,
-            body=n.body or "",
-            html=n.payload.get("html"),
-        )
-
-    def _feedback_headers(self, n: Notification) -> dict[str, str]:
-        """Headers that let delivery reports and unsubscribes find their way back."""
-        found = {
-            "X-Notifier-Id": str(n.id),
-            "X-Mailgun-Variables": json.dumps({"notifier_id": str(n.id)}),
-            "X-SMTPAPI": json.dumps({"unique_args": {"notifier_id": str(n.id)}}),
-            "X-PM-Metadata-notifier-id": str(n.id),
-        }
-        return found | list_unsubscribe(self._settings, n)
 
     def _trouble(self, exc: BaseException) -> Retry:
         """Name the server and what went wrong with it, so the operator knows where to look."""

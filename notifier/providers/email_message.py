@@ -32,11 +32,7 @@ from email.policy import SMTP as SMTP_POLICY
 from email.policy import default as DEFAULT_POLICY
 from typing import Any
 
-from notifier import unsubscribe
-from notifier.models import Notification
-from notifier.providers import hostname
 from notifier.providers.base import InvalidNotification
-from notifier.settings import Settings
 
 # CRLF line ends for the wire; 7bit so that any server takes the body, 8BITMIME or not; and
 # "none" so that the headers written here go out exactly as written, never refolded.
@@ -45,13 +41,6 @@ POLICY = SMTP_POLICY.clone(cte_type="7bit", refold_source="none")
 #: A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
 ADDRESS = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
 _MAILBOX = re.compile(rf"\s*(?:(?P<name>[^<>]*?)\s*<(?P<angle>{ADDRESS})>|(?P<bare>{ADDRESS}))\s*")
-_ADDRESS = re.compile(ADDRESS)
-_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
-_RESERVED = frozenset(
-    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
-)
-# Structured headers other than Reply-To: they would change who sent the message, or when.
-_STRUCTURED = frozenset({"sender", "orig-date"})
 
 # C0 and C1 controls except TAB (legal whitespace in a header), DEL, the Unicode line and
 # paragraph separators, and lone surrogates (not text; they cannot be encoded).
@@ -285,131 +274,3 @@ def _meaning(header: Any) -> object:
     if addresses is not None:
         return tuple((a.display_name, a.addr_spec) for a in addresses)
     return str(header)
-
-
-# -- an email row, whatever carries it (SMTP or an email provider's HTTP API) -------------------
-
-
-def check_notification(notification: Notification) -> None:
-    """Raise ``InvalidNotification`` if the email row can never be sent as written: its
-    recipient, subject, ``payload.html`` and ``payload.headers``."""
-    check_recipient(notification.recipient)
-    subject = notification.subject
-    if subject is not None:
-        check_text("subject", subject)
-        if len(subject) > 998:
-            raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
-    html = notification.payload.get("html")
-    if html is not None and not isinstance(html, str):
-        raise InvalidNotification(
-            f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
-        )
-    _check_headers(notification.payload.get("headers"))
-
-
-def check_recipient(recipient: str) -> None:
-    """Raise ``InvalidNotification`` unless ``recipient`` is one plain address to a domain
-    that can exist."""
-    # An address the pattern takes passes every check before it (no space, line break,
-    # list or display name can match): only its domain is left, and most are.
-    if len(recipient) <= 254 and _ADDRESS.fullmatch(recipient):
-        _check_domain(recipient)
-        return
-    shown = repr(recipient[:100])
-    if not recipient.strip():
-        raise InvalidNotification("recipient is empty; give the email address to send to")
-    if "\r" in recipient or "\n" in recipient:
-        raise InvalidNotification("recipient contains a line break; give one plain address")
-    if "," in recipient or ";" in recipient:
-        raise InvalidNotification(f"recipient {shown} lists several; send one row per address")
-    if "<" in recipient or ">" in recipient:
-        raise InvalidNotification(f"recipient {shown}: give the bare address, no display name")
-    if len(recipient) > 254:
-        raise InvalidNotification(f"recipient is {len(recipient)} characters; at most 254")
-    if not _ADDRESS.fullmatch(recipient):
-        raise InvalidNotification(
-            f"recipient {shown} is not a plain ASCII email address like 'ada@example.com' "
-            "(give an internationalised domain in punycode)"
-        )
-
-
-def _check_domain(recipient: str) -> None:
-    domain_problem = hostname.problem(recipient.rpartition("@")[2])
-    if domain_problem is not None:
-        raise InvalidNotification(
-            f"recipient {recipient[:100]!r} is not a valid email address: its domain"
-            f" {domain_problem}"
-        )
-
-
-def list_unsubscribe(settings: Settings, n: Notification) -> dict[str, str]:
-    """RFC 8058 one-click ``List-Unsubscribe`` headers for a campaign row or one whose
-    ``payload.unsubscribe`` is true; none for a transactional row (no category), which has
-    nothing to opt out of."""
-    if n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None:
-        return unsubscribe.headers(settings, n.channel, n.recipient, n.category)
-    return {}
-
-
-def row_headers(
-    n: Notification, feedback: dict[str, str]
-) -> tuple[dict[str, str], tuple[str, str] | None]:
-    """The row's ``payload.headers`` with notifier's ``feedback`` headers added (a row's own
-    header of one of those names wins), and its ``Reply-To`` taken out as (name, address)."""
-    headers = dict(n.payload.get("headers") or {})
-    own = {name.lower() for name in headers}
-    for name, value in feedback.items():
-        if name.lower() not in own:
-            headers[name] = value
-    reply_to = next((k for k in headers if k.lower() == "reply-to"), None)
-    return headers, None if reply_to is None else parse_mailbox(reply_to, headers.pop(reply_to))
-
-
-def _check_headers(headers: Any) -> None:
-    if headers is None:
-        return
-    if not isinstance(headers, dict):
-        raise InvalidNotification(
-            'payload.headers must be an object of header name to string like {"X-Campaign": '
-            f'"spring"}}, not {_json_type(headers)}'
-        )
-    for name, value in headers.items():
-        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-            raise InvalidNotification(
-                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
-                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
-            )
-        lowered = name.lower()
-        if lowered in _RESERVED or lowered.startswith("content-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; notifier writes it "
-                "(use recipient, subject, body and payload.html instead)"
-            )
-        if lowered in _STRUCTURED or lowered.startswith("resent-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; of the address and date headers a row "
-                "may set Reply-To only"
-            )
-        if not isinstance(value, str):
-            raise InvalidNotification(
-                f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
-            )
-        field = f"payload.headers[{name!r}]"
-        check_text(field, value)
-        if lowered == "reply-to":
-            parse_mailbox(field, value)
-
-
-def _json_type(value: object) -> str:
-    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
-    if isinstance(value, bool):  # before int: bool is an int in Python
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if value is None:
-        return "null"
-    return "a string" if isinstance(value, str) else type(value).__name__

@@ -3,7 +3,7 @@ message a row becomes, how rows are cut into requests, and how an answer becomes
 
 Each is a provider of the ``email`` channel under its own name, chosen like any other by
 ``NOTIFIER_FAILOVER`` (``email=sendgrid`` or ``email=sendgrid,email``). A row is checked as the
-SMTP provider checks it (``email_message.check_notification``), and its headers are the ones
+SMTP provider checks it (``email_rows.check_notification``), and its headers are the ones
 SMTP would write: ``Message-ID: <notification-{id}@{domain of email_from}>``, ``X-Notifier-Id``,
 the one-click ``List-Unsubscribe`` pair of campaign rows, and the row's own
 ``payload.headers``; before anything is sent they are written and parsed back
@@ -43,11 +43,10 @@ import yarl
 from notifier import eventloop
 from notifier.models import Notification, truncate
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
-from notifier.providers.email_message import (
-    build,
+from notifier.providers.email_message import build, check_sender
+from notifier.providers.email_rows import (
     check_notification,
     check_recipient,
-    check_sender,
     list_unsubscribe,
     row_headers,
 )

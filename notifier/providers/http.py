@@ -13,7 +13,6 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from ipaddress import ip_address
 
 import aiohttp
 import httpx
@@ -21,7 +20,7 @@ import yarl
 
 from notifier.models import truncate
 from notifier.providers.base import Outcome, Permanent, Retry, Sent
-from notifier.providers.netguard import BlockedAddress
+from notifier.providers.netguard import BlockedAddress, is_loopback
 from notifier.signing import signed_headers
 
 ERROR_BODY_BYTES = 1024
@@ -217,16 +216,6 @@ def operator_url_problem(url: str, setting: str) -> str | None:
             "request; http is only accepted on loopback)"
         )
     return None
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback address: where plain http to an operator's URL is allowed."""
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def receiver_scope(url: str | yarl.URL) -> str | None:

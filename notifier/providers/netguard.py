@@ -196,6 +196,17 @@ class AddressPolicy:
         return any(c in net for c in candidates for net in self.allowed)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's host, brackets or not) is this machine by name or by address:
+    where a provider's API may be plain ``http://`` (tests, a local fake)."""
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def legacy_ipv4(host: str) -> bool:
     """Digits and dots, yet not a dotted quad (``127.1``, ``2130706433``): the C library reads
     such a host as an IPv4 address; the webhook client refuses to guess, and so does

@@ -26,7 +26,8 @@ import httpx
 
 from notifier.models import Notification, truncate
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
-from notifier.providers.http import SharedClient, is_loopback, parse_retry_after
+from notifier.providers.http import SharedClient, parse_retry_after
+from notifier.providers.netguard import is_loopback
 from notifier.settings import Settings
 
 MAX_BODY_CHARS = 1600  # Twilio's limit for Body (error 21617 beyond it)

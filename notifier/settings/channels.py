@@ -139,6 +139,29 @@ class ChannelSettings(BaseSettings):
     each read; one request (up to 1000 recipients) is allowed twice that, a batch that must be
     split after a refusal four times."""
 
+    # -- Amazon SES (the ``ses`` provider of the ``email`` channel) -------------------------------
+    # Credentials come from the AWS SDK's default chain, never from here: AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_PROFILE and the shared files, a web
+    # identity token, the container's or the instance's role.
+
+    ses_region: str | None = Field(None, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+    """AWS region whose SES sends (``eu-west-1``); unset, the SDK's own: AWS_DEFAULT_REGION, then
+    the profile's ``region`` in the shared config file."""
+
+    ses_endpoint_url: str | None = None
+    """SES API endpoint instead of the region's public one: a VPC interface endpoint
+    (``https://vpce-....email.eu-west-1.vpce.amazonaws.com``), or a local SES in tests; https,
+    unless on loopback."""
+
+    ses_configuration_set: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Configuration set every SES message is sent with: the one whose event destination
+    publishes deliveries, bounces and complaints to the SNS topic ``notifier events`` reads (the
+    message tag ``notifier_id`` names the row in those events)."""
+
+    ses_timeout: float = Field(10.0, gt=0)
+    """Seconds allowed to connect to SES and for each read; a whole send is allowed three times
+    that. The SDK does not retry by itself (notifier does, with backoff and failover)."""
+
     fcm_credentials_file: Path | None = None
     """Firebase service-account JSON key the ``push`` channel sends with (FCM HTTP v1); until it
     is set, push rows are retried, never sent."""
@@ -171,4 +194,5 @@ class ChannelSettings(BaseSettings):
             3 * self.sms_timeout,
             6 * self.push_timeout,  # a token fetch, then the send
             4 * self.esp_timeout,  # a batch's request, then its rows one by one
+            3 * self.ses_timeout,
         )

@@ -40,6 +40,7 @@ QUICK = {
     "sms_timeout": 0.1,
     "push_timeout": 0.1,
     "esp_timeout": 0.1,
+    "ses_timeout": 0.1,
     "webhook_timeout": 0.2,
 }
 

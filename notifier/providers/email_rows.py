@@ -1,0 +1,227 @@
+"""What every provider of the ``email`` channel does with a row before it sends: the checks of
+``validate`` and the one MIME message a row becomes (``_compose``, through ``email_message``), so
+that SMTP and the ESPs' APIs send exactly the same message.
+
+Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
+every attempt, so a receiver can drop the duplicate a retry may cause.
+
+So that a provider's delivery reports (``notifier events``) find their row, every message also
+names it in ``X-Notifier-Id: {id}`` and in the metadata headers the common relays hand back in
+their events: ``X-Mailgun-Variables`` (Mailgun's ``user-variables``), ``X-SMTPAPI``
+``unique_args`` (SendGrid) and ``X-PM-Metadata-notifier-id`` (Postmark); a row's own header of
+one of those names wins over notifier's. Campaign rows and rows whose ``payload.unsubscribe``
+is true carry RFC 8058 one-click ``List-Unsubscribe`` headers (``notifier.unsubscribe``), an
+opt-out of the row's category, unless the row sets its own ``List-Unsubscribe``; a row without
+a category is transactional and carries none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from email.utils import formatdate, parseaddr
+from typing import Any, ClassVar
+
+from notifier import unsubscribe
+from notifier.models import Notification
+from notifier.providers import hostname
+from notifier.providers.base import InvalidNotification, Provider
+from notifier.providers.email_message import (
+    ADDRESS,
+    build,
+    check_sender,
+    check_text,
+    parse_mailbox,
+)
+from notifier.settings import Settings
+
+_ADDRESS = re.compile(ADDRESS)
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
+_RESERVED = frozenset(
+    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
+)
+# Structured headers other than Reply-To: they would change who sent the message, or when.
+_STRUCTURED = frozenset({"sender", "orig-date"})
+
+
+class EmailRows(Provider):
+    """The row's side of an email provider; a subclass adds the transport (``send``).
+
+    Made with a ``NOTIFIER_EMAIL_FROM`` that some message can be sent from, or ``ValueError``:
+    a sender every message would be refused for is the deployment's to fix, at start.
+    """
+
+    channel: ClassVar[str] = "email"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._sender = parseaddr(settings.email_from)[1] or settings.email_from
+        _, at, domain = self._sender.rpartition("@")
+        self._domain = domain if at and domain else "notifier.localhost"
+        try:
+            check_sender(settings.email_from, self._domain)
+        except InvalidNotification as exc:
+            raise ValueError(
+                f"NOTIFIER_EMAIL_FROM {settings.email_from!r} is unusable: {exc}"
+            ) from None
+
+    def validate(self, notification: Notification) -> None:
+        check_notification(notification)
+
+    def validate_recipient(self, recipient: str) -> None:
+        check_recipient(recipient)
+
+    def _message_id(self, n: Notification) -> str:
+        return f"<notification-{n.id}@{self._domain}>"
+
+    def _compose(self, n: Notification, message_id: str) -> bytes:
+        headers, reply_to = row_headers(n, self._feedback_headers(n))
+        return build(
+            sender=self.settings.email_from,
+            recipient=n.recipient,
+            subject=n.subject or "",
+            date=formatdate(usegmt=True),
+            message_id=message_id,
+            headers=headers,
+            reply_to=reply_to,
+            body=n.body or "",
+            html=n.payload.get("html"),
+        )
+
+    def _feedback_headers(self, n: Notification) -> dict[str, str]:
+        """Headers that let delivery reports and unsubscribes find their way back."""
+        found = {
+            "X-Notifier-Id": str(n.id),
+            "X-Mailgun-Variables": json.dumps({"notifier_id": str(n.id)}),
+            "X-SMTPAPI": json.dumps({"unique_args": {"notifier_id": str(n.id)}}),
+            "X-PM-Metadata-notifier-id": str(n.id),
+        }
+        return found | list_unsubscribe(self.settings, n)
+
+
+# -- an email row, whatever carries it (SMTP or an email provider's HTTP API) -------------------
+
+
+def check_notification(notification: Notification) -> None:
+    """Raise ``InvalidNotification`` if the email row can never be sent as written: its
+    recipient, subject, ``payload.html`` and ``payload.headers``."""
+    check_recipient(notification.recipient)
+    subject = notification.subject
+    if subject is not None:
+        check_text("subject", subject)
+        if len(subject) > 998:
+            raise InvalidNotification(f"subject is {len(subject)} characters; at most 998")
+    html = notification.payload.get("html")
+    if html is not None and not isinstance(html, str):
+        raise InvalidNotification(
+            f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
+        )
+    _check_headers(notification.payload.get("headers"))
+
+
+def check_recipient(recipient: str) -> None:
+    """Raise ``InvalidNotification`` unless ``recipient`` is one plain address to a domain
+    that can exist."""
+    # An address the pattern takes passes every check before it (no space, line break,
+    # list or display name can match): only its domain is left, and most are.
+    if len(recipient) <= 254 and _ADDRESS.fullmatch(recipient):
+        _check_domain(recipient)
+        return
+    shown = repr(recipient[:100])
+    if not recipient.strip():
+        raise InvalidNotification("recipient is empty; give the email address to send to")
+    if "\r" in recipient or "\n" in recipient:
+        raise InvalidNotification("recipient contains a line break; give one plain address")
+    if "," in recipient or ";" in recipient:
+        raise InvalidNotification(f"recipient {shown} lists several; send one row per address")
+    if "<" in recipient or ">" in recipient:
+        raise InvalidNotification(f"recipient {shown}: give the bare address, no display name")
+    if len(recipient) > 254:
+        raise InvalidNotification(f"recipient is {len(recipient)} characters; at most 254")
+    if not _ADDRESS.fullmatch(recipient):
+        raise InvalidNotification(
+            f"recipient {shown} is not a plain ASCII email address like 'ada@example.com' "
+            "(give an internationalised domain in punycode)"
+        )
+
+
+def _check_domain(recipient: str) -> None:
+    domain_problem = hostname.problem(recipient.rpartition("@")[2])
+    if domain_problem is not None:
+        raise InvalidNotification(
+            f"recipient {recipient[:100]!r} is not a valid email address: its domain"
+            f" {domain_problem}"
+        )
+
+
+def list_unsubscribe(settings: Settings, n: Notification) -> dict[str, str]:
+    """RFC 8058 one-click ``List-Unsubscribe`` headers for a campaign row or one whose
+    ``payload.unsubscribe`` is true; none for a transactional row (no category), which has
+    nothing to opt out of."""
+    if n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None:
+        return unsubscribe.headers(settings, n.channel, n.recipient, n.category)
+    return {}
+
+
+def row_headers(
+    n: Notification, feedback: dict[str, str]
+) -> tuple[dict[str, str], tuple[str, str] | None]:
+    """The row's ``payload.headers`` with notifier's ``feedback`` headers added (a row's own
+    header of one of those names wins), and its ``Reply-To`` taken out as (name, address)."""
+    headers = dict(n.payload.get("headers") or {})
+    own = {name.lower() for name in headers}
+    for name, value in feedback.items():
+        if name.lower() not in own:
+            headers[name] = value
+    reply_to = next((k for k in headers if k.lower() == "reply-to"), None)
+    return headers, None if reply_to is None else parse_mailbox(reply_to, headers.pop(reply_to))
+
+
+def _check_headers(headers: Any) -> None:
+    if headers is None:
+        return
+    if not isinstance(headers, dict):
+        raise InvalidNotification(
+            'payload.headers must be an object of header name to string like {"X-Campaign": '
+            f'"spring"}}, not {_json_type(headers)}'
+        )
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidNotification(
+                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
+                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
+            )
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith("content-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; notifier writes it "
+                "(use recipient, subject, body and payload.html instead)"
+            )
+        if lowered in _STRUCTURED or lowered.startswith("resent-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; of the address and date headers a row "
+                "may set Reply-To only"
+            )
+        if not isinstance(value, str):
+            raise InvalidNotification(
+                f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
+            )
+        field = f"payload.headers[{name!r}]"
+        check_text(field, value)
+        if lowered == "reply-to":
+            parse_mailbox(field, value)
+
+
+def _json_type(value: object) -> str:
+    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return "a string" if isinstance(value, str) else type(value).__name__
