@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,17 +19,10 @@ from tests.events_endpoint import (
     Endpoint,
     mailgun_signature,
     postmark_auth,
-    running_endpoint,
     signed_sendgrid,
 )
 from tests.factories import MakeRow
 from tests.integration.test_esp_providers import CLASSES, configured, row
-
-
-@pytest.fixture
-def endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Endpoint]:
-    with running_endpoint(database_url, redis_url, tmp_path) as ep:
-        yield ep
 
 
 def delivery(engine: Engine, row_id: int) -> str | None:

@@ -13,8 +13,6 @@ import hmac
 import io
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -39,7 +37,6 @@ from tests.events_endpoint import (
     TOPIC,
     TWILIO_TOKEN,
     Endpoint,
-    running_endpoint,
 )
 from tests.factories import MakeRow, MakeRows, SetEnv
 from tests.prometheus import samples, scrape
@@ -47,12 +44,6 @@ from tests.smtp_sink import SmtpSink
 
 #: A row its provider accepted, on the first attempt: what a delivery event is about.
 SENT = {"subject": "hi", "status": "sent", "attempts": 1}
-
-
-@pytest.fixture
-def endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Endpoint]:
-    with running_endpoint(database_url, redis_url, tmp_path) as ep:
-        yield ep
 
 
 def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...]]:

@@ -19,9 +19,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -40,18 +38,10 @@ from tests.events_endpoint import (
     mailgun_signature,
     postmark_auth,
     redis_keys,
-    running_endpoint,
     signed_sendgrid,
 )
 from tests.factories import MakeRow
 from tests.integration.test_events import SENT, sns_signed, sql
-
-
-@pytest.fixture
-def endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Endpoint]:
-    with running_endpoint(database_url, redis_url, tmp_path) as ep:
-        yield ep
-
 
 EXAMPLES = int(os.environ.get("NOTIFIER_TEST_EVENTS_ATTACK_EXAMPLES", "150"))
 PROVIDERS = ["/ses", "/sendgrid", "/mailgun", "/postmark", "/twilio"]

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import redis
 from sqlalchemy import Engine
 
@@ -26,18 +23,10 @@ from tests.events_endpoint import (
     mailgun_signature,
     postmark_auth,
     redis_keys,
-    running_endpoint,
     signed_sendgrid,
 )
 from tests.factories import MakeRow
 from tests.integration.test_events import SENT, delivery, ses_bounce, sns_signed
-
-
-@pytest.fixture
-def endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Endpoint]:
-    with running_endpoint(database_url, redis_url, tmp_path) as ep:
-        yield ep
-
 
 # --- SNS: nothing fetched before the cheap checks, and each certificate fetched once ----------
 
