@@ -1,10 +1,14 @@
-"""The ``email`` channel: one message per row over SMTP, on connections reused across a batch.
+"""The ``email`` channel: one message per row over SMTP, on the event loop, through a pool of
+connections to the relay kept across batches (``smtp_pool``), pipelined where the relay offers it
+(``smtp_client``).
 
 Replies are classified by their code: 4xx asks to try later, 5xx refuses for good. Anything that
 is the server's or the deployment's fault (network, timeout, TLS, login) is a ``Retry``, so an
 operator can fix it before the rows run out of attempts. A 5xx reply to ``RCPT TO`` that says the
 mailbox itself is bad (see ``_mailbox_gone``) is a ``Permanent(suppress=True)``: the recipient
-goes on the suppression list.
+goes on the suppression list. A relay that refuses us for overload (``421``, a refused or reset
+connection) shrinks the pool for a while, and the row is handed back without using an attempt
+(a throttled ``Retry`` of scope ``smtp:host:port``, which holds that relay back for every worker).
 
 Every message carries ``Message-ID: <notification-{id}@{domain of email_from}>``, the same on
 every attempt, so a receiver can drop the duplicate a retry may cause.
@@ -21,47 +25,56 @@ a category is transactional and carries none.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import smtplib
 import socket
 import ssl
-import threading
 from email.utils import formatdate, parseaddr
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from notifier import unsubscribe
+from notifier import eventloop, unsubscribe
 from notifier.models import Notification, truncate
-from notifier.providers import hostname
+from notifier.providers import hostname, smtp_client
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
 from notifier.providers.email_message import (
     ADDRESS,
     build,
+    check_headers,
     check_sender,
     check_text,
+    json_type,
     parse_mailbox,
 )
+from notifier.providers.smtp_client import (
+    AuthError,
+    ClosedAtGreeting,
+    Connection,
+    Disconnected,
+    ReplyError,
+)
+from notifier.providers.smtp_pool import Pool
 from notifier.settings import Settings, SmtpTls
 
 _ADDRESS = re.compile(ADDRESS)
-_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
-_RESERVED = frozenset(
-    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
-)
-# Structured headers other than Reply-To: they would change who sent the message, or when.
-_STRUCTURED = frozenset({"sender", "orig-date"})
 # RFC 3463 enhanced status code at the start of a reply's text, e.g. "5.1.1".
 _ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.(\d{1,3})(?!\d)")
 # Basic RCPT replies that mean the mailbox is unusable when no enhanced code says otherwise:
 # 550 mailbox unavailable, 551 user not local, 553 mailbox name not allowed.
 _MAILBOX_CODES = frozenset({550, 551, 553})
+#: How long every worker holds back from a relay that refused us for overload: long enough
+#: for its connections to drain, short enough that the rows are barely late.
+THROTTLE_SECONDS = 2.0
+_SMTP_FAULTS = (smtp_client.SmtpError, OSError, TimeoutError)
 
 
 class EmailProvider(Provider):
-    """Sends through the SMTP server of ``NOTIFIER_SMTP_*``; safe to call from many threads.
+    """Sends through the SMTP relay of ``NOTIFIER_SMTP_*``, on the worker's event loop.
 
-    Idle connections wait in a small pool between sends; a send takes one (or opens one) and
-    puts it back once its transaction ended cleanly. ``close`` quits them after each batch.
+    The pool of connections (``smtp_pool.Pool``) is made on first use on the loop that sends,
+    and kept across batches: ``close`` (after every batch) leaves it, ``shutdown`` closes it.
+    The blocking ``send`` (rows with a guard, in threads) waits on that loop for ``send_async``:
+    one pool, one classification of the relay's answers.
     """
 
     channel: ClassVar[str] = "email"
@@ -70,14 +83,15 @@ class EmailProvider(Provider):
         super().__init__(settings)
         self._settings = s = settings
         self._where = f"{s.smtp_host}:{s.smtp_port}"
+        self._scope = f"smtp:{self._where}"
         self._sender = parseaddr(s.email_from)[1] or s.email_from
         _, at, domain = self._sender.rpartition("@")
         self._domain = domain if at and domain else "notifier.localhost"
         self._ssl = ssl.create_default_context() if s.smtp_tls is not SmtpTls.none else None
-        # smtplib would look this up (a reverse DNS query, outside any timeout) per connection.
+        # Looked up once here: a reverse DNS query would block the loop.
         self._local_hostname = socket.getfqdn()
-        self._idle: list[smtplib.SMTP] = []
-        self._lock = threading.Lock()
+        self._pool: Pool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
         try:  # a sender every message would be refused for is the deployment's to fix, now
             check_sender(s.email_from, self._domain)
         except InvalidNotification as exc:
@@ -95,9 +109,9 @@ class EmailProvider(Provider):
         html = notification.payload.get("html")
         if html is not None and not isinstance(html, str):
             raise InvalidNotification(
-                f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
+                f'payload.html must be a string of HTML like "<p>Hi</p>", not {json_type(html)}'
             )
-        _check_headers(notification.payload.get("headers"))
+        check_headers(notification.payload.get("headers"))
 
     def validate_recipient(self, recipient: str) -> None:
         # An address the pattern takes passes every check before it (no space, line break,
@@ -131,124 +145,120 @@ class EmailProvider(Provider):
                 f" {domain_problem}"
             )
 
+    def throttle_scope(self, notification: Notification) -> str | None:
+        """The relay: its 421 or refused connection holds back every worker's email rows."""
+        return self._scope
+
     def send(self, notification: Notification) -> Outcome:
+        """``send_async``, waited for on the process's event loop: for a caller in a thread."""
+        return eventloop.run(self.send_async(notification))
+
+    async def send_async(self, notification: Notification) -> Outcome:
+        """Send the row; every failure becomes an outcome, within ``longest_send_seconds``."""
         message_id = f"<notification-{notification.id}@{self._domain}>"
         try:
+            self.validate_recipient(notification.recipient)  # it goes into RCPT TO as is
             content = self._compose(notification, message_id)
         except InvalidNotification as exc:
             return Permanent(truncate(f"invalid notification: {exc}"))
+        total = self._settings.longest_send_seconds
+        budget = asyncio.timeout(total)
         try:
-            conn, code, reply = self._begin()
-        except (smtplib.SMTPException, OSError) as exc:
-            return self._trouble(exc)
-        at_rcpt = False
-        try:
-            if code == 250:
-                code, reply = conn.rcpt(notification.recipient)
-                at_rcpt = code not in (250, 251)
-                if not at_rcpt:
-                    code, reply = _data(conn, content)
-                    if code == 250:
-                        self._put_back(conn)
-                        return Sent(message_id)
-        except (smtplib.SMTPException, OSError) as exc:
-            self._discard(conn)
-            return self._trouble(exc)
-        except BaseException:
-            self._discard(conn)
-            raise
-        self._reset(conn, code)
-        return _refused(code, reply, at_rcpt=at_rcpt)
+            async with budget:
+                return await self._deliver(notification.recipient, content, message_id)
+        except TimeoutError:
+            if not budget.expired():
+                raise
+            return Retry(f"SMTP send to {self._where} took more than {total:g}s in all")
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            self._discard(conn, polite=True)
+        """Called after every batch; keeps the pool so the next batch reuses its connections."""
+
+    def shutdown(self) -> None:
+        """Close the pool's connections; a later send makes a new pool. From a thread only."""
+        pool, loop = self._pool, self._pool_loop
+        self._pool = self._pool_loop = None
+        if pool is None or loop is None or loop.is_closed():
+            return
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(pool.close(), loop).result(timeout=30)
+        else:
+            loop.run_until_complete(pool.close())
 
     # -- connections -----------------------------------------------------------------------------
 
-    def _begin(self) -> tuple[smtplib.SMTP, int, bytes]:
-        """A connection on which ``MAIL FROM`` has been answered.
-
-        The server may have dropped a pooled connection while it sat idle. That shows on this
-        first command, before any of the message went out, so one fresh try is safe. A timeout
-        is not retried: the server is there but slow, and waiting twice helps nobody.
-        """
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is not None:
+    async def _deliver(self, recipient: str, content: bytes, message_id: str) -> Outcome:
+        """One transaction on a pooled connection. The relay may have dropped a pooled one while
+        it sat idle: that shows on ``MAIL``, before any of the message went out, so one fresh
+        try is safe. A timeout is not retried: the relay is there but slow."""
+        pool = self._pool_here()
+        for last_try in (False, True):
             try:
-                code, reply = conn.mail(self._sender)
-            except smtplib.SMTPServerDisconnected as exc:
-                self._discard(conn)
-                if _timed_out(exc):
-                    raise
-            except BaseException:
-                self._discard(conn)
+                conn, reused = await pool.take()
+            except _SMTP_FAULTS as exc:
+                return self._trouble(exc, pool, connecting=True)
+            try:
+                done = await conn.transaction(self._sender, recipient, content)
+            except _SMTP_FAULTS as exc:
+                pool.discard(conn)
+                if reused and not last_try and conn.step == "mail" and _dropped(exc):
+                    pool.discard_idle()
+                    continue
+                return self._trouble(exc, pool)
+            except BaseException:  # cancelled: the connection is mid-transaction
+                pool.discard(conn)
                 raise
-            else:
-                if code != 421:
-                    return conn, code, reply
-                self._discard(conn)
-        conn = self._connect()
-        try:
-            code, reply = conn.mail(self._sender)
-        except BaseException:
-            self._discard(conn)
-            raise
-        return conn, code, reply
+            code = done.reply.code
+            if reused and not last_try and done.step == "mail" and code == 421:
+                pool.discard(conn)
+                pool.discard_idle()
+                continue
+            return await self._settle(pool, conn, done, message_id)
+        raise AssertionError("unreachable: the last try returns")
 
-    def _connect(self) -> smtplib.SMTP:
-        s, local = self._settings, self._local_hostname
-        conn = (
-            smtplib.SMTP_SSL(local_hostname=local, timeout=s.smtp_timeout, context=self._ssl)
-            if s.smtp_tls is SmtpTls.ssl
-            else smtplib.SMTP(local_hostname=local, timeout=s.smtp_timeout)
+    async def _settle(
+        self, pool: Pool, conn: Connection, done: smtp_client.Outcome, message_id: str
+    ) -> Outcome:
+        if done.accepted:
+            pool.give_back(conn)
+            return Sent(message_id)
+        code, text = done.reply.code, done.reply.text
+        if code == 421:  # the relay is closing the channel: too busy for us
+            pool.discard(conn)
+            return self._overloaded(pool, f"SMTP {_reply_text(code, text)}")
+        try:
+            kept = await conn.rset()
+        except _SMTP_FAULTS:
+            kept = False
+        except BaseException:
+            pool.discard(conn)
+            raise
+        if kept:
+            pool.give_back(conn)
+        else:
+            pool.discard(conn)
+        return _refused(code, text, at_rcpt=done.step == "rcpt")
+
+    def _pool_here(self) -> Pool:
+        """The pool of the running loop; made on first use, since it belongs to one loop."""
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            s = self._settings
+            self._pool = Pool(self._open, s.smtp_max_connections, s.smtp_messages_per_connection)
+            self._pool_loop = loop
+        return self._pool
+
+    async def _open(self) -> Connection:
+        s = self._settings
+        return await smtp_client.connect(
+            s.smtp_host,
+            s.smtp_port,
+            timeout=s.smtp_timeout,
+            local_hostname=self._local_hostname,
+            implicit_tls=self._ssl if s.smtp_tls is SmtpTls.ssl else None,
+            starttls=self._ssl if s.smtp_tls is SmtpTls.starttls else None,
+            login=(s.smtp_username, s.smtp_password or "") if s.smtp_username else None,
         )
-        try:
-            code, reply = conn.connect(s.smtp_host, s.smtp_port)
-            if code != 220:
-                raise smtplib.SMTPConnectError(code, reply)
-            conn.ehlo_or_helo_if_needed()
-            if s.smtp_tls is SmtpTls.starttls:
-                conn.starttls(context=self._ssl)
-                conn.ehlo_or_helo_if_needed()
-            if s.smtp_username:
-                conn.login(s.smtp_username, s.smtp_password or "")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _put_back(self, conn: smtplib.SMTP) -> None:
-        with self._lock:
-            if len(self._idle) < self._settings.send_concurrency:
-                self._idle.append(conn)
-                return
-        self._discard(conn, polite=True)
-
-    def _reset(self, conn: smtplib.SMTP, code: int) -> None:
-        """After a refused transaction: ``RSET`` and keep the connection, or drop it."""
-        if code != 421:  # 421: the server is closing the channel anyway
-            try:
-                if conn.rset()[0] == 250:
-                    self._put_back(conn)
-                    return
-            except (smtplib.SMTPException, OSError):
-                pass
-        self._discard(conn)
-
-    @staticmethod
-    def _discard(conn: smtplib.SMTP, *, polite: bool = False) -> None:
-        """Close ``conn``, saying QUIT first when it may still be alive; never raises."""
-        try:
-            if polite:
-                conn.quit()
-        except (smtplib.SMTPException, OSError):
-            pass
-        finally:
-            conn.close()
 
     # -- messages and answers --------------------------------------------------------------------
 
@@ -284,86 +294,55 @@ class EmailProvider(Provider):
             found |= unsubscribe.headers(self._settings, n.channel, n.recipient, n.category)
         return found
 
-    def _trouble(self, exc: BaseException) -> Retry:
+    def _overloaded(self, pool: Pool, error: str) -> Retry:
+        pool.shrink()
+        return Retry(
+            truncate(f"{error} (relay {self._where} overloaded: fewer connections for a while)"),
+            retry_after=THROTTLE_SECONDS,
+            throttled=True,
+            scope=self._scope,
+        )
+
+    def _trouble(self, exc: BaseException, pool: Pool, *, connecting: bool = False) -> Retry:
         """Name the server and what went wrong with it, so the operator knows where to look."""
         where, s = self._where, self._settings
-        if _timed_out(exc):
+        if connecting and _refuses_connections(exc):
+            return self._overloaded(pool, f"SMTP server {where} refused a connection: {exc}")
+        if isinstance(exc, TimeoutError):
             return Retry(f"SMTP timeout after {s.smtp_timeout:g}s talking to {where}")
-        if isinstance(exc, smtplib.SMTPAuthenticationError):
+        if isinstance(exc, AuthError):
             return Retry(
                 truncate(
                     f"SMTP login as {s.smtp_username!r} refused by {where}: "
-                    f"{_reply_text(exc.smtp_code, exc.smtp_error)}; "
+                    f"{_reply_text(exc.reply.code, exc.reply.text)}; "
                     "check NOTIFIER_SMTP_USERNAME and NOTIFIER_SMTP_PASSWORD"
                 )
             )
-        if isinstance(exc, smtplib.SMTPResponseException):
-            text = _reply_text(exc.smtp_code, exc.smtp_error)
-            return Retry(truncate(f"SMTP server {where} answered {text}"))
-        if isinstance(exc, smtplib.SMTPServerDisconnected):
+        if isinstance(exc, ReplyError):
+            return Retry(truncate(f"SMTP server {where} answered {exc}"))
+        if isinstance(exc, Disconnected):
             return Retry(truncate(f"SMTP server {where} closed the connection: {exc}"))
+        if isinstance(exc, ssl.SSLError):
+            return Retry(truncate(f"TLS with SMTP server {where} failed: {exc}"))
+        if isinstance(exc, ConnectionRefusedError):
+            return Retry(f"cannot reach SMTP server {where}: connection refused")
         if isinstance(exc, OSError):
             return Retry(truncate(f"cannot reach SMTP server {where}: {exc.strerror or exc}"))
-        return Retry(truncate(f"SMTP server {where}: {type(exc).__name__}: {exc}"))
+        return Retry(truncate(f"SMTP server {where}: {exc}"))
 
 
-def _check_headers(headers: Any) -> None:
-    if headers is None:
-        return
-    if not isinstance(headers, dict):
-        raise InvalidNotification(
-            'payload.headers must be an object of header name to string like {"X-Campaign": '
-            f'"spring"}}, not {_json_type(headers)}'
-        )
-    for name, value in headers.items():
-        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-            raise InvalidNotification(
-                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
-                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
-            )
-        lowered = name.lower()
-        if lowered in _RESERVED or lowered.startswith("content-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; notifier writes it "
-                "(use recipient, subject, body and payload.html instead)"
-            )
-        if lowered in _STRUCTURED or lowered.startswith("resent-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; of the address and date headers a row "
-                "may set Reply-To only"
-            )
-        if not isinstance(value, str):
-            raise InvalidNotification(
-                f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
-            )
-        field = f"payload.headers[{name!r}]"
-        check_text(field, value)
-        if lowered == "reply-to":
-            parse_mailbox(field, value)
+def _refuses_connections(exc: BaseException) -> bool:
+    """A relay that is there but takes no more of our connections: it refused or reset one,
+    closed it before its greeting, or greeted it with 421 ("too many connections")."""
+    if isinstance(exc, ConnectionRefusedError | ConnectionResetError):
+        return True
+    if isinstance(exc, ReplyError):
+        return exc.step == "greeting" and exc.reply.code == 421
+    return isinstance(exc, ClosedAtGreeting)
 
 
-def _json_type(value: object) -> str:
-    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
-    if isinstance(value, bool):  # before int: bool is an int in Python
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if value is None:
-        return "null"
-    return "a string" if isinstance(value, str) else type(value).__name__
-
-
-def _data(conn: smtplib.SMTP, content: bytes) -> tuple[int, bytes]:
-    """``DATA`` as a reply, whether the server refused the command or the message."""
-    try:
-        return conn.data(content)
-    except smtplib.SMTPDataError as exc:  # raised when DATA itself is not answered 354
-        error = exc.smtp_error
-        return exc.smtp_code, error if isinstance(error, bytes) else error.encode()
+def _dropped(exc: BaseException) -> bool:
+    return isinstance(exc, Disconnected | ConnectionResetError | BrokenPipeError)
 
 
 def _refused(code: int, reply: bytes, *, at_rcpt: bool = False) -> Outcome:
@@ -393,12 +372,3 @@ def _mailbox_gone(code: int, reply: bytes) -> bool:
 def _reply_text(code: int, reply: bytes | str) -> str:
     text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
     return f"{code} {text}".strip()
-
-
-def _timed_out(exc: BaseException | None) -> bool:
-    """smtplib reports a read timeout as a disconnection; the cause is in the chain."""
-    while exc is not None:
-        if isinstance(exc, TimeoutError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False

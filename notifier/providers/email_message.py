@@ -66,6 +66,12 @@ _BLANKS = re.compile(r"[ \t]+")
 _FOLD_AT = 78  # RFC 5322's recommended line length
 _LONGEST_LINE = 998  # its limit
 _CHUNK = 45  # UTF-8 bytes per encoded word: 60 base64 characters, 72 with "=?utf-8?b?" "?="
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
+_RESERVED = frozenset(
+    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
+)
+# Structured headers other than Reply-To: they would change who sent the message, or when.
+_STRUCTURED = frozenset({"sender", "orig-date"})
 #: A display name goes out as one encoded word: 42 bytes fit "Reply-To: " and it in 78 columns.
 DISPLAY_NAME_BYTES = 42
 
@@ -171,6 +177,58 @@ def build(
         wire,
     )
     return wire
+
+
+def check_headers(headers: Any) -> None:
+    """Raise ``InvalidNotification`` unless ``payload.headers`` is an object of header names
+    a row may set to one-line strings (``Reply-To`` one address)."""
+    if headers is None:
+        return
+    if not isinstance(headers, dict):
+        raise InvalidNotification(
+            'payload.headers must be an object of header name to string like {"X-Campaign": '
+            f'"spring"}}, not {json_type(headers)}'
+        )
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidNotification(
+                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
+                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
+            )
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith("content-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; notifier writes it "
+                "(use recipient, subject, body and payload.html instead)"
+            )
+        if lowered in _STRUCTURED or lowered.startswith("resent-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; of the address and date headers a row "
+                "may set Reply-To only"
+            )
+        if not isinstance(value, str):
+            raise InvalidNotification(
+                f"payload.headers[{name!r}] must be a one-line string, not {json_type(value)}"
+            )
+        field = f"payload.headers[{name!r}]"
+        check_text(field, value)
+        if lowered == "reply-to":
+            parse_mailbox(field, value)
+
+
+def json_type(value: object) -> str:
+    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return "a string" if isinstance(value, str) else type(value).__name__
 
 
 def check_sender(sender: str, domain: str) -> None:
