@@ -389,8 +389,9 @@ class Settings(BaseSettings):
     def longest_send_seconds(self) -> float:
         """The longest one send can take before its provider's timeouts end it.
 
-        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
-        HTTP (webhooks, SMS, push) for the connection, the request and the response.
+        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies,
+        and the email provider bounds a whole send (a pooled connection awaited included) by
+        this; HTTP (webhooks, SMS, push) waits for the connection, the request and the response.
         """
         return max(
             6 * self.smtp_timeout,

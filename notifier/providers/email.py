@@ -343,11 +343,12 @@ class EmailProvider(Provider):
 
 def _refuses_connections(exc: BaseException) -> bool:
     """A relay that is there but takes no more of our connections: it refused or reset one,
-    closed it before its greeting, or greeted it with 421 ("too many connections")."""
+    closed it before its greeting, or answered 421 while it was set up ("too many
+    connections")."""
     if isinstance(exc, ConnectionRefusedError | ConnectionResetError):
         return True
     if isinstance(exc, ReplyError):
-        return exc.step == "greeting" and exc.reply.code == 421
+        return exc.reply.code == 421
     return isinstance(exc, ClosedAtGreeting)
 
 
