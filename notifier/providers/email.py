@@ -178,10 +178,14 @@ class EmailProvider(Provider):
         self._pool = self._pool_loop = None
         if pool is None or loop is None or loop.is_closed():
             return
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(pool.close(), loop).result(timeout=30)
-        else:
+        if not loop.is_running():
             loop.run_until_complete(pool.close())
+            return
+        closing = asyncio.run_coroutine_threadsafe(pool.close(), loop)
+        try:  # each QUIT has its own timeout; this is only the margin above them
+            closing.result(timeout=self._settings.smtp_timeout * 2 + 5)
+        except TimeoutError:
+            closing.cancel()
 
     # -- connections -----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ header can carry (``check_text``) are refused before anything is written.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -332,12 +333,19 @@ def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
     for (name, raw), (_, meaning) in zip(parsed.raw_items(), intended, strict=True):
         if meaning is _UNCHECKED:
             continue
-        got = _meaning(_READ.header_fetch_parse(name, raw))
+        got = _read_back(name, raw)
         if got != meaning:
             raise InvalidNotification(
                 f"the email's {name} header would read back as {got!r}, not as written; "
                 "nothing was sent"
             )
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_back(name: str, raw: str) -> object:
+    """What a receiver reads in header ``name: raw``. Remembered: the sender's header, a
+    campaign's subject and the like come back in every message, and their parse is costly."""
+    return _meaning(_READ.header_fetch_parse(name, raw))
 
 
 def _stdlib_meaning(name: str, header: Any) -> object:

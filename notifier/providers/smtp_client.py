@@ -168,6 +168,12 @@ class Connection:
         """The server closed it, or a reply could not be read: never use it again."""
         return self._wire.failure is not None
 
+    @property
+    def unasked(self) -> bool:
+        """Between transactions: the server sent something nobody asked for (an idle
+        connection's ``421`` before it closes), which would be read as the next answer."""
+        return self._wire.pending_bytes()
+
     def write(self, data: bytes) -> None:
         transport = self._wire.transport
         if transport is None or self.broken:

@@ -90,8 +90,8 @@ class Pool:
             while self._idle:
                 conn, since = self._idle.pop()
                 idle = self._clock() - since
-                if conn.broken or idle >= DROP_IDLE_SECONDS:
-                    self._retire(conn, polite=not conn.broken)
+                if conn.broken or conn.unasked or idle >= DROP_IDLE_SECONDS:
+                    self._retire(conn, polite=not (conn.broken or conn.unasked))
                     continue
                 if idle >= CHECK_IDLE_SECONDS and not await self._alive(conn):
                     continue
