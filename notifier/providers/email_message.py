@@ -174,8 +174,8 @@ def build(
         meant.append(meaning)
 
     try:
-        message["From"] = sender  # the Python may refuse it: a CR or LF that it decoded
-    except ValueError as exc:
+        message.set_raw("From", _sender_header(sender))
+    except ValueError as exc:  # the Python may refuse it: a CR or LF that it decoded
         raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
     put("To", recipient, (("", recipient),))
     put("Subject", _text("Subject", subject), subject)
@@ -339,6 +339,13 @@ def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
                 f"the email's {name} header would read back as {got!r}, not as written; "
                 "nothing was sent"
             )
+
+
+@functools.lru_cache(maxsize=16)
+def _sender_header(sender: str) -> Any:
+    """The ``From`` header the standard library makes of ``sender``, as ``message["From"] =``
+    makes it; the same for every message of a deployment, so made once."""
+    return POLICY.header_store_parse("From", sender)[1]
 
 
 @functools.lru_cache(maxsize=1024)
