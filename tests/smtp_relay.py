@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 @dataclass
 class SmtpRelay:
     pipelining: bool = True
+    #: answer EHLO 502, as a server that only speaks RFC 821 SMTP (HELO) does
+    ehlo: bool = True
     hold_envelope: bool = False
     limit: int | None = None
     mail_reply: str = "250 OK"
@@ -154,7 +156,9 @@ class _Session(asyncio.Protocol):
             self.transport.write(b"250-still thinking\r\n")  # and never the last line
             self.hung = True
             return
-        if verb == "EHLO":
+        if verb == "EHLO" and not relay.ehlo:
+            self.send(b"502 5.5.2 command not recognized")
+        elif verb == "EHLO":
             offered = ["test.relay", "PIPELINING", "8BITMIME"]
             if not relay.pipelining:
                 offered.remove("PIPELINING")

@@ -189,10 +189,15 @@ class Connection:
         return await self.reply()
 
     async def ehlo(self, name: str) -> None:
+        """EHLO, and the extensions it names; HELO (none) to a server that knows no EHLO."""
         reply = await self.command(f"EHLO {name}")
+        self.extensions = {}
+        if 500 <= reply.code < 600:
+            reply = await self.command(f"HELO {name}")
+            if reply.code == 250:
+                return
         if reply.code != 250:
             raise ReplyError("EHLO", reply)
-        self.extensions = {}
         for entry in reply.text.decode("ascii", "replace").split("\n")[1:]:
             keyword, _, params = entry.partition(" ")
             self.extensions[keyword.lower()] = params

@@ -127,6 +127,21 @@ def test_each_answer_is_awaited_when_pipelining_is_not_offered(
         assert answered == [answered[0], answered[0] + 1, answered[0] + 2]
 
 
+def test_a_server_without_ehlo_is_greeted_with_helo(
+    relay: MakeRelay, provider: MakeProvider
+) -> None:
+    r = relay(ehlo=False)
+    p = provider(r.port)
+
+    assert p.send(note(id=1)) == sent(1)[0]
+
+    assert r.verbs(0)[:2] == ["EHLO", "HELO"]
+    assert r.verbs(0)[2:5] == ["MAIL", "RCPT", "DATA"]
+    [group] = groups(r.sessions[0])
+    answered = [n for _, n in group]
+    assert answered == [answered[0], answered[0] + 1, answered[0] + 2]  # no PIPELINING
+
+
 # -- the pool --------------------------------------------------------------------------------------
 
 
