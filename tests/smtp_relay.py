@@ -7,9 +7,10 @@ arrived)``: commands of a pipelined group arrive before any answer to the first 
 until ``DATA`` arrives, as RFC 2920 lets a server do: a client that waited for each answer
 would wait for ever, so a message getting through proves the group was pipelined.
 
-``limit`` refuses connections past that many open at once (``421`` at the greeting, then
-closed) and counts them; ``mail_reply`` replaces the answer to ``MAIL`` (a ``421`` closes the
-connection after it); ``hang_at`` names a verb whose answer starts and never ends.
+``delay`` holds each message's answer back that long. ``limit`` refuses connections past that
+many open at once (``421`` at the greeting, then closed) and counts them; ``mail_reply``
+replaces the answer to ``MAIL`` (a ``421`` closes the connection after it); ``hang_at`` names a
+verb whose answer starts and never ends.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class SmtpRelay:
     limit: int | None = None
     mail_reply: str = "250 OK"
     hang_at: str | None = None
+    #: seconds before a message's content is answered (on this connection, nothing else is
+    #: answered meanwhile)
+    delay: float = 0.0
     host: str = "127.0.0.1"
     port: int = 0
     sessions: list[list[tuple[str, int]]] = field(default_factory=list)
@@ -136,6 +140,11 @@ class _Session(asyncio.Protocol):
                     self.relay.messages.append(self.buffer[: end + 2])
                 self.buffer = self.buffer[end + 5 :]
                 self.in_data = False
+                if self.relay.delay:
+                    asyncio.get_running_loop().call_later(
+                        self.relay.delay, self.send, b"250 2.0.0 accepted"
+                    )
+                    return  # the next command of a pipelining client waits for this answer
                 self.send(b"250 2.0.0 accepted")
                 continue
             end = self.buffer.find(b"\r\n")

@@ -270,6 +270,33 @@ def test_a_relay_that_hangs_mid_reply_is_retried_within_the_timeout(
     assert time.monotonic() - started < p.settings.longest_send_seconds
 
 
+def test_waiting_for_a_connection_counts_towards_the_whole_send(
+    relay: MakeRelay, provider: MakeProvider
+) -> None:
+    # One connection, each message answered after 0.4 s: twelve sends at once take 4.8 s one
+    # after the other, past the 3 s a whole send may take.
+    r = relay(delay=0.4)
+    p = provider(
+        r.port,
+        smtp_max_connections=1,
+        smtp_timeout=0.5,
+        webhook_timeout=0.1,
+        sms_timeout=0.1,
+        push_timeout=0.1,
+    )
+    assert p.settings.longest_send_seconds == 3.0
+    started = time.monotonic()
+
+    outcomes = at_once(p, [note(id=i) for i in range(1, 13)])
+
+    assert time.monotonic() - started < 3.0 + 5  # the sends ended by themselves
+    assert outcomes[0] == sent(1)[0]
+    late = Retry(f"SMTP send to 127.0.0.1:{r.port} took more than 3s in all")
+    assert outcomes[-1] == late
+    assert set(outcomes) <= {*sent(*range(1, 13)), late}
+    assert r.connections == 1
+
+
 # -- TLS and AUTH ----------------------------------------------------------------------------------
 
 
