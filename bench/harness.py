@@ -102,6 +102,10 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         ("--rows-webhook",),
         {"type": positive, "default": 20_000, "help": "webhook rows"},
     ),
+    "count": (
+        ("--count",),
+        {"type": positive, "default": 20_000, "help": "emails per target (default 20,000)"},
+    ),
     "send_concurrency": (
         ("--send-concurrency",),
         {

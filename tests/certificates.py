@@ -14,6 +14,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -96,3 +97,27 @@ def server_certificate(directory: Path, host: str = "127.0.0.1") -> ServerCertif
     )
     found.key.chmod(0o600)
     return found
+
+
+def self_signed(
+    key: CertificateIssuerPrivateKeyTypes, common_name: str, *, ip: str | None = None
+) -> bytes:
+    """A PEM certificate for ``common_name`` (and, with ``ip``, that address), valid a day
+    either side of now; with ``ip`` it is also its own CA, so a client can trust it alone."""
+    name = _name(common_name)
+    now = datetime.now(UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+    )
+    if ip is not None:
+        san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
+        builder = builder.add_extension(san, critical=False).add_extension(
+            x509.BasicConstraints(ca=True, path_length=None), critical=True
+        )
+    return _pem(builder.sign(key, hashes.SHA256()))

@@ -23,9 +23,11 @@ header can carry (``check_text``) are refused before anything is written.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
+from email.headerregistry import HeaderRegistry
 from email.message import EmailMessage
 from email.parser import BytesHeaderParser
 from email.policy import SMTP as SMTP_POLICY
@@ -34,9 +36,28 @@ from typing import Any
 
 from notifier.providers.base import InvalidNotification
 
+
+class _HeaderClasses(HeaderRegistry):
+    """The standard library's header classes, each made once: ``HeaderRegistry`` makes a new
+    class for every header it parses or writes, half the time a message took to build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._made: dict[str, type[Any]] = {}
+
+    def __getitem__(self, name: str) -> type[Any]:
+        key = name.lower()
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = super().__getitem__(name)
+        return made
+
+
 # CRLF line ends for the wire; 7bit so that any server takes the body, 8BITMIME or not; and
 # "none" so that the headers written here go out exactly as written, never refolded.
-POLICY = SMTP_POLICY.clone(cte_type="7bit", refold_source="none")
+POLICY = SMTP_POLICY.clone(cte_type="7bit", refold_source="none", header_factory=_HeaderClasses())
+#: How a receiver reads the headers back: the standard library's default policy.
+_READ = DEFAULT_POLICY.clone(header_factory=_HeaderClasses())
 
 #: A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
 ADDRESS = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
@@ -66,6 +87,12 @@ _BLANKS = re.compile(r"[ \t]+")
 _FOLD_AT = 78  # RFC 5322's recommended line length
 _LONGEST_LINE = 998  # its limit
 _CHUNK = 45  # UTF-8 bytes per encoded word: 60 base64 characters, 72 with "=?utf-8?b?" "?="
+_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
+_RESERVED = frozenset(
+    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
+)
+# Structured headers other than Reply-To: they would change who sent the message, or when.
+_STRUCTURED = frozenset({"sender", "orig-date"})
 #: A display name goes out as one encoded word: 42 bytes fit "Reply-To: " and it in 78 columns.
 DISPLAY_NAME_BYTES = 42
 
@@ -147,8 +174,8 @@ def build(
         meant.append(meaning)
 
     try:
-        message["From"] = sender  # the Python may refuse it: a CR or LF that it decoded
-    except ValueError as exc:
+        message.set_raw("From", _sender_header(sender))
+    except ValueError as exc:  # the Python may refuse it: a CR or LF that it decoded
         raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
     put("To", recipient, (("", recipient),))
     put("Subject", _text("Subject", subject), subject)
@@ -171,6 +198,58 @@ def build(
         wire,
     )
     return wire
+
+
+def check_headers(headers: Any) -> None:
+    """Raise ``InvalidNotification`` unless ``payload.headers`` is an object of header names
+    a row may set to one-line strings (``Reply-To`` one address)."""
+    if headers is None:
+        return
+    if not isinstance(headers, dict):
+        raise InvalidNotification(
+            'payload.headers must be an object of header name to string like {"X-Campaign": '
+            f'"spring"}}, not {json_type(headers)}'
+        )
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise InvalidNotification(
+                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
+                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
+            )
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith("content-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; notifier writes it "
+                "(use recipient, subject, body and payload.html instead)"
+            )
+        if lowered in _STRUCTURED or lowered.startswith("resent-"):
+            raise InvalidNotification(
+                f"payload.headers may not set {name!r}; of the address and date headers a row "
+                "may set Reply-To only"
+            )
+        if not isinstance(value, str):
+            raise InvalidNotification(
+                f"payload.headers[{name!r}] must be a one-line string, not {json_type(value)}"
+            )
+        field = f"payload.headers[{name!r}]"
+        check_text(field, value)
+        if lowered == "reply-to":
+            parse_mailbox(field, value)
+
+
+def json_type(value: object) -> str:
+    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return "a string" if isinstance(value, str) else type(value).__name__
 
 
 def check_sender(sender: str, domain: str) -> None:
@@ -244,7 +323,7 @@ def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
     """Parse the header block of ``wire`` back; raise unless its headers are ``intended``'s, in
     order, each with the meaning given (``_UNCHECKED``: the name is enough)."""
     head = wire.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
-    parsed = BytesHeaderParser(policy=DEFAULT_POLICY).parsebytes(head)
+    parsed = BytesHeaderParser(policy=_READ).parsebytes(head)
     names, want = parsed.keys(), [name for name, _ in intended]
     if names != want:
         raise InvalidNotification(
@@ -254,12 +333,26 @@ def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
     for (name, raw), (_, meaning) in zip(parsed.raw_items(), intended, strict=True):
         if meaning is _UNCHECKED:
             continue
-        got = _meaning(DEFAULT_POLICY.header_fetch_parse(name, raw))
+        got = _read_back(name, raw)
         if got != meaning:
             raise InvalidNotification(
                 f"the email's {name} header would read back as {got!r}, not as written; "
                 "nothing was sent"
             )
+
+
+@functools.lru_cache(maxsize=16)
+def _sender_header(sender: str) -> Any:
+    """The ``From`` header the standard library makes of ``sender``, as ``message["From"] =``
+    makes it; the same for every message of a deployment, so made once."""
+    return POLICY.header_store_parse("From", sender)[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_back(name: str, raw: str) -> object:
+    """What a receiver reads in header ``name: raw``. Remembered: the sender's header, a
+    campaign's subject and the like come back in every message, and their parse is costly."""
+    return _meaning(_READ.header_fetch_parse(name, raw))
 
 
 def _stdlib_meaning(name: str, header: Any) -> object:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from email.utils import formatdate, parseaddr
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from notifier import unsubscribe
 from notifier.models import Notification
@@ -29,19 +29,15 @@ from notifier.providers.base import InvalidNotification, Provider
 from notifier.providers.email_message import (
     ADDRESS,
     build,
+    check_headers,
     check_sender,
     check_text,
+    json_type,
     parse_mailbox,
 )
 from notifier.settings import Settings
 
 _ADDRESS = re.compile(ADDRESS)
-_HEADER_NAME = re.compile(r"[!-9;-~]{1,64}")  # RFC 5322 field-name: printable ASCII except ':'
-_RESERVED = frozenset(
-    {"from", "to", "subject", "message-id", "date", "cc", "bcc", "mime-version", "x-notifier-id"}
-)
-# Structured headers other than Reply-To: they would change who sent the message, or when.
-_STRUCTURED = frozenset({"sender", "orig-date"})
 
 
 class EmailRows(Provider):
@@ -114,9 +110,9 @@ def check_notification(notification: Notification) -> None:
     html = notification.payload.get("html")
     if html is not None and not isinstance(html, str):
         raise InvalidNotification(
-            f'payload.html must be a string of HTML like "<p>Hi</p>", not {_json_type(html)}'
+            f'payload.html must be a string of HTML like "<p>Hi</p>", not {json_type(html)}'
         )
-    _check_headers(notification.payload.get("headers"))
+    check_headers(notification.payload.get("headers"))
 
 
 def check_recipient(recipient: str) -> None:
@@ -175,53 +171,3 @@ def row_headers(
             headers[name] = value
     reply_to = next((k for k in headers if k.lower() == "reply-to"), None)
     return headers, None if reply_to is None else parse_mailbox(reply_to, headers.pop(reply_to))
-
-
-def _check_headers(headers: Any) -> None:
-    if headers is None:
-        return
-    if not isinstance(headers, dict):
-        raise InvalidNotification(
-            'payload.headers must be an object of header name to string like {"X-Campaign": '
-            f'"spring"}}, not {_json_type(headers)}'
-        )
-    for name, value in headers.items():
-        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
-            raise InvalidNotification(
-                f"payload.headers has an invalid header name {str(name)[:100]!r}; use up to 64 "
-                "printable ASCII characters without spaces or ':', e.g. 'X-Campaign'"
-            )
-        lowered = name.lower()
-        if lowered in _RESERVED or lowered.startswith("content-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; notifier writes it "
-                "(use recipient, subject, body and payload.html instead)"
-            )
-        if lowered in _STRUCTURED or lowered.startswith("resent-"):
-            raise InvalidNotification(
-                f"payload.headers may not set {name!r}; of the address and date headers a row "
-                "may set Reply-To only"
-            )
-        if not isinstance(value, str):
-            raise InvalidNotification(
-                f"payload.headers[{name!r}] must be a one-line string, not {_json_type(value)}"
-            )
-        field = f"payload.headers[{name!r}]"
-        check_text(field, value)
-        if lowered == "reply-to":
-            parse_mailbox(field, value)
-
-
-def _json_type(value: object) -> str:
-    """What a value is called in the JSON the producer wrote, for messages addressed to them."""
-    if isinstance(value, bool):  # before int: bool is an int in Python
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if value is None:
-        return "null"
-    return "a string" if isinstance(value, str) else type(value).__name__

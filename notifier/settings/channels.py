@@ -49,7 +49,21 @@ class ChannelSettings(BaseSettings):
     issued. Unset, the system's trusted CAs; the host name is checked either way."""
 
     smtp_timeout: float = Field(10.0, gt=0)
-    """Seconds allowed for the connection and for each SMTP reply."""
+    """Seconds allowed for the connection, the TLS handshake and each SMTP reply (the one to
+    a message's content included); a whole send is allowed ``longest_send_seconds``."""
+
+    smtp_max_connections: int = Field(45, gt=0, le=1000)
+    """SMTP connections a worker process keeps to its relay at most, reused across batches;
+    sends past them wait for one to come free. Each carries a message per answer time (20/s
+    at 50 ms), so 45 a process is 1,800 emails/s with two processes on 90 connections, under a
+    relay that takes 100 from one client, with room for renewals. A relay that refuses more
+    (421, a refused connection) shrinks the pool for a while; keep processes times this under
+    its limit (Postfix's ``smtpd_client_connection_count_limit``), as refusals cost retries."""
+
+    smtp_messages_per_connection: int = Field(100, gt=0)
+    """Messages one SMTP connection carries before it is closed and a new one opened: relays
+    limit the messages of a session, and a fresh session goes to a fresh relay behind a load
+    balancer."""
 
     email_from: str = "notifier@localhost"
     """The ``From`` address of every email."""
@@ -185,8 +199,9 @@ class ChannelSettings(BaseSettings):
     def longest_send_seconds(self) -> float:
         """The longest one send can take before its provider's timeouts end it.
 
-        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies;
-        HTTP (webhooks, SMS, push) for the connection, the request and the response.
+        SMTP waits up to ``smtp_timeout`` for the connection and for each of about six replies,
+        and the email provider bounds a whole send (a pooled connection awaited included) by
+        this; HTTP (webhooks, SMS, push) waits for the connection, the request and the response.
         """
         return max(
             6 * self.smtp_timeout,

@@ -5,8 +5,9 @@ database's start time moved, the hanging server holds the connection), then that
 in docs/guarantees.md held: nothing lost, and a second send only in the counted crash window.
 
 Deliveries go to a real HTTP receiver on loopback that records every request's ``webhook-id``
-as it arrives. Each test prints one summary line; with ``NOTIFIER_FAULT_REPORT`` set, the
-numbers are also merged into that JSON file under the test's name.
+as it arrives (and, for the SIGKILL test's email twin, to a real SMTP server that keeps every
+message's ``Message-ID``). Each test prints one summary line; with ``NOTIFIER_FAULT_REPORT``
+set, the numbers are also merged into that JSON file under the test's name.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
+from tests.smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.slow
 
@@ -278,13 +280,37 @@ ROWS = 20_000
 LEASE = 3
 
 
+def _emails(engine: Engine, n: int) -> list[int]:
+    """``n`` email rows to the test's SMTP sink, subjects n1, n2, ..."""
+    return Rows(engine).many(
+        n, channel="email", recipient="ada@example.com", subject=lambda i: f"n{i}"
+    )
+
+
+def _emails_received(sink: SmtpSink) -> Counter[str]:
+    """``notification-{id}`` -> messages the sink accepted for that row (its Message-ID)."""
+    with sink._lock:
+        ids = [m.message_id for m in sink.messages]
+    return Counter(_MESSAGE_ID.sub(r"\1", message_id) for message_id in ids)
+
+
+_MESSAGE_ID = re.compile(r"<(notification-\d+)@[^>]*>")
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("channel", ["webhook", "email"])
 def test_sigkill_mid_batch_loses_nothing(
-    receiver: Receiver, engine: Engine, webhook_services: Services
+    channel: str,
+    receiver: Receiver,
+    smtp_sink: SmtpSink,
+    engine: Engine,
+    webhook_services: Services,
 ) -> None:
+    """Webhooks, and emails (on the event loop, over the SMTP pool), to receivers that count."""
     services = webhook_services
     services.env.update(NOTIFIER_LEASE_SECONDS=str(LEASE))
-    ids = _webhooks(engine, receiver.url, ROWS)
+    webhooks = channel == "webhook"
+    ids = _webhooks(engine, receiver.url, ROWS) if webhooks else _emails(engine, ROWS)
     started = time.monotonic()
     services.worker("w1", concurrency=2)
     services.beat()
@@ -351,7 +377,7 @@ def test_sigkill_mid_batch_loses_nothing(
     wait_for(lambda: _all_sent(engine, ROWS), 150, f"all {ROWS} rows to be sent")
     took = time.monotonic() - started
 
-    counts = receiver.counts()
+    counts = receiver.counts() if webhooks else _emails_received(smtp_sink)
     with engine.connect() as conn:
         rescued: dict[int, int] = dict(
             conn.execute(text("SELECT id, rescues FROM notifications WHERE rescues > 0")).all()
@@ -361,7 +387,7 @@ def test_sigkill_mid_batch_loses_nothing(
     in_flight = [k["in_flight"] for k in kills]
     stale = _stale(services.log("w1"))
     _report(
-        "test_sigkill_mid_batch_loses_nothing",
+        "test_sigkill_mid_batch_loses_nothing" + ("" if webhooks else "_email"),
         {
             "rows": ROWS,
             "deliveries": sum(counts.values()),

@@ -287,7 +287,7 @@ def test_misconfiguration_is_retried_with_the_servers_reason(
 # -- connections -----------------------------------------------------------------------------------
 
 
-def test_a_batch_shares_one_connection_until_close(
+def test_batches_share_one_connection_until_shutdown(
     smtp_sink: SmtpSink, provider: EmailProvider
 ) -> None:
     outcomes = [provider.send(note(id=i)) for i in range(1, 6)]
@@ -296,9 +296,13 @@ def test_a_batch_shares_one_connection_until_close(
     assert len(smtp_sink.messages) == 5
     assert smtp_sink.connections == 1
 
-    provider.close()
+    provider.close()  # the end of a batch: the connection stays for the next one
     assert provider.send(note(id=6)) == Sent("<notification-6@shop.example>")
-    assert smtp_sink.connections == 2  # close() let the first connection go
+    assert smtp_sink.connections == 1
+
+    provider.shutdown()
+    assert provider.send(note(id=7)) == Sent("<notification-7@shop.example>")
+    assert smtp_sink.connections == 2  # shutdown() let the first connection go
 
 
 @pytest.mark.parametrize(

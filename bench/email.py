@@ -1,0 +1,150 @@
+"""Email sends: (a) through an SMTP relay on loopback that answers each message after 50 ms.
+
+What it measures
+    (a) ``--count`` rows (default 20,000) on the ``email`` channel, sent by a worker with
+    ``--concurrency=2`` and notifier's DEFAULT settings (no ``NOTIFIER_*`` but the URLs, the
+    relay's host and port and a sender address), through a local ESMTP relay (an asyncio
+    protocol in a process of its own: ``bench/servers.py``'s ``SmtpRelay``) that offers
+    PIPELINING, answers each message's final dot after 50 ms and answers 421 to any connection
+    past 100 open at once. Emails per second, from the INSERT's commit to the last row
+    recorded (a row retried counts when it is finally sent), and the time a million would take.
+    The relay keeps the ``Message-ID`` of every message it accepted; each names its row, so
+    the rows the table says were sent are compared with what the relay received: none lost
+    (sent in the table, never received), none received twice.
+
+    (b), the HTTP APIs of the email providers, is one more function in ``TARGETS`` per provider.
+
+Targets
+    (a) at least 1,500 emails/s, nothing lost or duplicated. The exit status is 0 whether the
+    target is met or not; 1 if the set-up fails or PostgreSQL or Redis goes away; 130 when
+    interrupted.
+
+How to run it
+    From the repository root, with PostgreSQL and Redis on localhost::
+
+        python bench/email.py [--count N] [--concurrency N] [--set NAME=VALUE] [--keep]
+
+    Its database ``notifier_bench_email_smtp_<pid>``; Redis db 13 (``NOTIFIER_BENCH_REDIS``),
+    flushed before each drain and at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+# This file is named like the standard library's ``email``: its folder must not come first on
+# the path, or every ``import email`` (smtplib, notifier) would import it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))  # notifier and bench
+
+from bench import harness  # noqa: E402
+from bench.common import Conn  # noqa: E402
+from bench.drains import drain, workers  # noqa: E402
+from bench.harness import Bench, Line, fmt_int  # noqa: E402
+from bench.servers import RelayCounts, SmtpRelay  # noqa: E402
+
+#: The relay's answer time per message, and the connections it takes at once.
+RELAY_DELAY = 0.05
+RELAY_CONNECTIONS = 100
+SMTP_TARGET = 1500.0
+RECIPIENT = "reader@example.com"
+
+NAMES = ("count", "concurrency", "set", "keep")
+
+
+def smtp_relay(bench: Bench) -> None:
+    """(a): the SMTP relay on loopback."""
+    rows = bench.args.count
+    print(
+        f"\na. SMTP: {rows:,} emails to a relay answering each after {RELAY_DELAY * 1000:.0f} ms,"
+        f" PIPELINING offered, at most {RELAY_CONNECTIONS} connections"
+    )
+    name, url = bench.database("email_smtp")
+    relay = SmtpRelay(RELAY_DELAY, RELAY_CONNECTIONS).start()
+    counts: RelayCounts | None = None
+    try:
+        settings = {
+            "smtp_host": "127.0.0.1",
+            "smtp_port": str(relay.port),
+            "email_from": "bench@notifier.example",
+        }
+        pool = bench.args.concurrency
+        with workers(bench, "email-smtp", name, url, settings, pool) as (services, conn):
+            relay_cpu = relay.cpu_seconds
+            d = drain(conn, name, services, rows, "email", RECIPIENT, 60 + rows / 50)
+            relay_cpu = relay.cpu_seconds - relay_cpu
+            sent_ids = _sent_ids(conn)
+    finally:
+        counts = relay.stop()
+    bench.done_with(name)
+    million = 1_000_000 / d.rate if d.rate > 0 else float("inf")
+    print(
+        f"  {d.sent:,} sent in {d.seconds:.2f}s = {fmt_int(d.rate)}/s; a million would take"
+        f" {_duration(million)}; CPU: worker {d.worker_cpu:.1f}s, PostgreSQL"
+        f" {d.postgres_cpu:.1f}s, relay {relay_cpu:.1f}s; load average {d.load}",
+        flush=True,
+    )
+    print(f"    first batch {d.first_batch:.2f}s after the commit; {d.describe()}")
+    if d.retried:
+        print(f"    {d.retried} rows needed more than one attempt (see last_error)")
+    if d.sent != rows:
+        print(f"    NOT ALL SENT: {d.by_status}{' (timed out)' if d.timed_out else ''}")
+    exact = False
+    if counts is None:
+        print("    the relay did not say what it received")
+    else:
+        lost, twice = _compare(sent_ids, counts.row_ids)
+        exact = not lost and not twice and len(counts.row_ids) == len(sent_ids)
+        print(
+            f"    the relay received {len(counts.row_ids):,} messages for {len(sent_ids):,} sent"
+            f" rows: {len(lost)} lost, {len(twice)} received more than once; connections:"
+            f" {counts.connections:,} opened, at most {counts.peak} at once, {counts.refused}"
+            " refused"
+        )
+    ok = d.rate >= SMTP_TARGET and d.sent == rows and exact
+    bench.lines.append(
+        Line(
+            "a SMTP relay, 50 ms a message",
+            f"{fmt_int(d.rate)} emails/s",
+            f">= {fmt_int(SMTP_TARGET)}/s",
+            "PASS" if ok else "FAIL",
+        )
+    )
+    bench.settings_used.append(
+        f"(a) defaults but NOTIFIER_SMTP_HOST=127.0.0.1, NOTIFIER_SMTP_PORT=<relay>,"
+        f" NOTIFIER_EMAIL_FROM=bench@notifier.example; --concurrency={pool}"
+    )
+
+
+#: One function per target, run in order. Part (b), the email providers' HTTP APIs, adds its
+#: own here (``sendgrid``, ``mailgun``, ``postmark``, ``ses``), each measured like ``smtp_relay``.
+TARGETS = [smtp_relay]
+
+
+def _sent_ids(conn: Conn) -> list[int]:
+    rows = conn.execute("SELECT id FROM notifications WHERE status = 'sent'").fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _compare(sent: list[int], received: list[int]) -> tuple[set[int], set[int]]:
+    """Rows sent but never received, and rows received more than once."""
+    seen = Counter(received)
+    return set(sent) - set(seen), {i for i, n in seen.items() if n > 1}
+
+
+def _duration(seconds: float) -> str:
+    if not seconds < float("inf"):
+        return "-"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.main(__doc__, "email throughput", harness.REDIS, NAMES, TARGETS, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
