@@ -1,6 +1,6 @@
 """Reports and unsubscribes apply to their own row and address, through the running endpoint.
 
-``notifier events`` runs as a real process (``endpoint`` of ``test_events``); requests are
+``notifier events`` runs as a real process (the ``endpoint`` fixture of the integration tests); requests are
 signed as each provider signs them. Each refusal is checked against the same request that is
 applied once it names the right thing, so it cannot pass by the endpoint refusing everything.
 """
@@ -19,7 +19,6 @@ from sqlalchemy import Engine
 from notifier import unsubscribe
 from notifier.metrics import EVENTS_KEY
 from tests.factories import MakeRow
-from tests.integration import test_events
 from tests.integration.test_events import (
     POSTMARK_AUTH,
     SECRET,
@@ -29,8 +28,6 @@ from tests.integration.test_events import (
     sql,
     twilio_post,
 )
-
-endpoint = test_events.endpoint  # the running ``notifier events``, a fixture
 
 AUTH = {"Authorization": "Basic " + base64.b64encode(POSTMARK_AUTH.encode()).decode()}
 
