@@ -1,7 +1,7 @@
 """Reports and unsubscribes apply to their own row and address, through the running endpoint.
 
-``notifier events`` runs as a real process (the ``endpoint`` fixture of the integration tests); requests are
-signed as each provider signs them. Each refusal is checked against the same request that is
+``notifier events`` runs as a real process (the integration tests' ``endpoint`` fixture);
+requests are signed as each provider signs them. Each refusal is checked against the same request that is
 applied once it names the right thing, so it cannot pass by the endpoint refusing everything.
 """
 
