@@ -1,8 +1,9 @@
 """Reports and unsubscribes apply to their own row and address, through the running endpoint.
 
 ``notifier events`` runs as a real process (the integration tests' ``endpoint`` fixture);
-requests are signed as each provider signs them. Each refusal is checked against the same request that is
-applied once it names the right thing, so it cannot pass by the endpoint refusing everything.
+requests are signed as each provider signs them. Each refusal is checked against the same
+request that is applied once it names the right thing, so it cannot pass by the endpoint
+refusing everything.
 """
 
 from __future__ import annotations
