@@ -33,7 +33,7 @@ from notifier.delivery import guards
 from notifier.delivery.dispatcher import Dispatcher, SendingPaused
 from notifier.delivery.ratelimit import RateLimiter
 from notifier.models import Decision
-from notifier.providers import load_registry
+from notifier.providers import chains, load_registry
 from notifier.settings import get_settings
 from notifier.worker import budget
 from notifier.worker.app import app
@@ -111,8 +111,15 @@ def redis_client() -> redis.Redis:
 @signals.worker_ready.connect
 def _report_unconfigured(**_: Any) -> None:
     """Say at start which channels cannot send here, rather than only in each row's error."""
-    for provider in load_registry(get_settings()).values():
-        problem = provider.problem()
+    settings = get_settings()
+    registry = load_registry(settings)
+    try:  # only the providers that serve a channel: an email API nobody chose is no problem
+        serving = {id(p) for chain in chains(registry, settings.failover).values() for p in chain}
+    except ValueError as exc:
+        log.warning("no channel can send: %s", exc)
+        return
+    for provider in registry.values():
+        problem = provider.problem() if id(provider) in serving else None
         if problem is not None:
             log.warning("channel %s cannot send: %s", provider.channel, problem)
 

@@ -36,6 +36,9 @@ REFUSED_BY_ADDRESS = (
 )
 
 
+PROVIDERS = "notifier.providers"
+
+
 def hostile_rows(port: int) -> list[tuple[str, dict[str, Any], str]]:
     """(name, the row's columns, its expected ``last_error``; a trailing ``*`` = a prefix)."""
 
@@ -51,7 +54,7 @@ def hostile_rows(port: int) -> list[tuple[str, dict[str, Any], str]]:
             "unknown channel",
             {"channel": "pigeon", "recipient": "ada@example.com"},
             "unknown channel 'pigeon'; this deployment serves: "
-            + ", ".join(sorted(ep.name for ep in entry_points(group="notifier.providers"))),
+            + ", ".join(sorted({ep.load().channel for ep in entry_points(group=PROVIDERS)})),
         ),
         (
             "empty recipient",

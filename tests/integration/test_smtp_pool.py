@@ -283,6 +283,8 @@ def test_waiting_for_a_connection_counts_towards_the_whole_send(
         webhook_timeout=0.1,
         sms_timeout=0.1,
         push_timeout=0.1,
+        esp_timeout=0.1,
+        ses_timeout=0.1,
     )
     assert p.settings.longest_send_seconds == 3.0
     started = time.monotonic()
