@@ -4,7 +4,7 @@ What it measures
     (a) ``--count`` rows (default 20,000) on the ``email`` channel, sent by a worker with
     ``--concurrency=2`` and notifier's DEFAULT settings (no ``NOTIFIER_*`` but the URLs, the
     relay's host and port and a sender address), through a local ESMTP relay (an asyncio
-    protocol in a process of its own: ``bench/servers.py``'s ``SmtpRelay``) that offers
+    protocol in a process of its own: ``bench/smtp_relay.py``) that offers
     PIPELINING, answers each message's final dot after 50 ms and answers 421 to any connection
     past 100 open at once. Emails per second, from the INSERT's commit to the last row
     recorded (a row retried counts when it is finally sent), and the time a million would take.
@@ -56,7 +56,7 @@ from bench import harness  # noqa: E402
 from bench.common import Conn  # noqa: E402
 from bench.drains import drain, workers  # noqa: E402
 from bench.harness import Bench, Line, fmt_int  # noqa: E402
-from bench.servers import RelayCounts, SmtpRelay  # noqa: E402
+from bench.smtp_relay import RelayCounts, SmtpRelay  # noqa: E402
 from tests import esp_servers  # noqa: E402  # the providers' formats, as the tests check them
 
 #: The relay's answer time per message, and the connections it takes at once.
