@@ -2,8 +2,9 @@
 
 ``WebhookServer``: an HTTP/1.1 receiver on loopback, in a process of its own, that answers every
 request 200 after a delay and counts requests and connections (the SMTP relay is
-``bench/smtp_relay.py``). ``GrantRecorder``: a Redis ``MONITOR`` reader that keeps every write the rate limiter's Lua
-script makes to one bucket, from which each grant is reconstructed.
+``bench/smtp_relay.py``). ``GrantRecorder``: a Redis ``MONITOR`` reader that keeps every
+write the rate limiter's Lua script makes to one bucket, from which each grant is
+reconstructed.
 """
 
 from __future__ import annotations
