@@ -92,16 +92,21 @@ class Drain:
 # --- the database's figures --------------------------------------------------------------------
 
 
-def insert_due(conn: Conn, rows: int, channel: str, recipient: str) -> tuple[float, float]:
+def insert_due(
+    conn: Conn, rows: int, channel: str, recipient: str, body: str | None = None
+) -> tuple[float, float]:
     """INSERT ``rows`` due rows in one statement (one transaction; the trigger NOTIFYs once).
+    ``{n}`` in ``recipient`` becomes each row's number (``u{n}@example.com``: one address a
+    row); ``body``, when given, is every row's (a campaign's rows share it), else ``row N``.
 
     Returns (seconds the INSERT took, the database's clock right after its commit, Unix s).
     """
     started = time.monotonic()
     conn.execute(
         "INSERT INTO notifications (channel, recipient, subject, body)"
-        " SELECT %s, %s, 'bench', 'row ' || g FROM generate_series(1, %s) AS g",
-        (channel, recipient, rows),
+        " SELECT %s, replace(%s::text, '{n}', g::text), 'bench',"
+        " coalesce(%s::text, 'row ' || g) FROM generate_series(1, %s) AS g",
+        (channel, recipient, body, rows),
     )
     took = time.monotonic() - started
     row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
@@ -230,6 +235,7 @@ def drain(
     recipient: str,
     timeout: float,
     redis_url: str | None = None,
+    body: str | None = None,
 ) -> Drain:
     """Insert ``rows`` due rows and wait (at most ``timeout`` s) until none is pending or
     processing. With ``redis_url``, the Redis server's CPU is measured too."""
@@ -239,7 +245,7 @@ def drain(
     cpu_backends.start(backend_pids(conn, database))
     server = redis_pid(redis_url) if redis_url else None
     cpu_redis.start([server] if server else [])
-    insert_s, committed = insert_due(conn, rows, channel, recipient)
+    insert_s, committed = insert_due(conn, rows, channel, recipient, body)
     started = time.monotonic()
     max_rss = connections = 0
     hwm: dict[str, int] = {}

@@ -4,7 +4,7 @@ What it measures
     (a) ``--count`` rows (default 20,000) on the ``email`` channel, sent by a worker with
     ``--concurrency=2`` and notifier's DEFAULT settings (no ``NOTIFIER_*`` but the URLs, the
     relay's host and port and a sender address), through a local ESMTP relay (an asyncio
-    protocol in a process of its own: ``bench/servers.py``'s ``SmtpRelay``) that offers
+    protocol in a process of its own: ``bench/smtp_relay.py``) that offers
     PIPELINING, answers each message's final dot after 50 ms and answers 421 to any connection
     past 100 open at once. Emails per second, from the INSERT's commit to the last row
     recorded (a row retried counts when it is finally sent), and the time a million would take.
@@ -12,20 +12,32 @@ What it measures
     the rows the table says were sent are compared with what the relay received: none lost
     (sent in the table, never received), none received twice.
 
-    (b), the HTTP APIs of the email providers, is one more function in ``TARGETS`` per provider.
+    (b) the same count of a campaign's emails (one body, one address a row) through each email
+    API provider, ``sendgrid``, ``mailgun`` and ``postmark``, chosen with
+    ``NOTIFIER_FAILOVER=email=<provider>`` and otherwise notifier's defaults, against a loopback
+    server of the provider's published format (``tests/esp_servers.py``: it checks every
+    request against the format and answers each after 200 ms) in a thread of this process;
+    twice each: without a limit, and with the server answering 429 (``Retry-After: 1``) to a
+    request that would take it past ``--api-limit`` messages a second (default 2,000) and
+    notifier's ``NOTIFIER_RATE_LIMITS=email=<that>/s``. Emails per second, the share of the
+    limit used, the 429s the server answered, and the messages it took compared with the rows
+    sent: none lost, none twice.
 
 Targets
-    (a) at least 1,500 emails/s, nothing lost or duplicated. The exit status is 0 whether the
+    (a) at least 1,500 emails/s; (b) at least 5,000 emails/s through each API without a limit,
+    and at least 95 % of the limit with it, with no more than a handful of 429s (10); nothing
+    lost or duplicated in any run. The exit status is 0 whether the
     target is met or not; 1 if the set-up fails or PostgreSQL or Redis goes away; 130 when
     interrupted.
 
 How to run it
     From the repository root, with PostgreSQL and Redis on localhost::
 
-        python bench/email.py [--count N] [--concurrency N] [--set NAME=VALUE] [--keep]
+        python bench/email.py [--count N] [--api-limit N] [--concurrency N]
+                              [--set NAME=VALUE] [--keep]
 
-    Its database ``notifier_bench_email_smtp_<pid>``; Redis db 13 (``NOTIFIER_BENCH_REDIS``),
-    flushed before each drain and at the end.
+    Its databases ``notifier_bench_email_<smtp|provider>_<pid>``; Redis db 13
+    (``NOTIFIER_BENCH_REDIS``), flushed before each drain and at the end.
 """
 
 from __future__ import annotations
@@ -44,7 +56,8 @@ from bench import harness  # noqa: E402
 from bench.common import Conn  # noqa: E402
 from bench.drains import drain, workers  # noqa: E402
 from bench.harness import Bench, Line, fmt_int  # noqa: E402
-from bench.servers import RelayCounts, SmtpRelay  # noqa: E402
+from bench.smtp_relay import RelayCounts, SmtpRelay  # noqa: E402
+from tests import esp_servers  # noqa: E402  # the providers' formats, as the tests check them
 
 #: The relay's answer time per message, and the connections it takes at once.
 RELAY_DELAY = 0.05
@@ -52,7 +65,7 @@ RELAY_CONNECTIONS = 100
 SMTP_TARGET = 1500.0
 RECIPIENT = "reader@example.com"
 
-NAMES = ("count", "concurrency", "set", "keep")
+NAMES = ("count", "api_limit", "concurrency", "set", "keep")
 
 
 def smtp_relay(bench: Bench) -> None:
@@ -119,9 +132,101 @@ def smtp_relay(bench: Bench) -> None:
     )
 
 
-#: One function per target, run in order. Part (b), the email providers' HTTP APIs, adds its
-#: own here (``sendgrid``, ``mailgun``, ``postmark``, ``ses``), each measured like ``smtp_relay``.
-TARGETS = [smtp_relay]
+#: The API servers' answer time per request, and what (b) asks of them.
+API_DELAY = 0.2
+API_TARGET = 5000.0
+API_SHARE = 0.95
+API_MOST_429 = 10
+API_BODY = "Your code: see your account. Use it at checkout before Sunday."
+#: Where each provider's server puts the row's id among a message's metadata.
+ROW_KEY = {"sendgrid": "notifier_id", "mailgun": "notifier_id", "postmark": "notifier-id"}
+
+
+def email_apis(bench: Bench) -> None:
+    """(b): each email API provider, without a limit and with one."""
+    for kind in ROW_KEY:
+        for limit in (None, float(bench.args.api_limit)):
+            _email_api(bench, kind, limit)
+    bench.settings_used.append(
+        "(b) defaults but NOTIFIER_FAILOVER=email=<provider>, the provider's key and API base"
+        " (http://127.0.0.1:<port>), NOTIFIER_EMAIL_FROM=bench@notifier.example; with the limit,"
+        f" NOTIFIER_RATE_LIMITS=email={bench.args.api_limit}/s; --concurrency="
+        f"{bench.args.concurrency}"
+    )
+
+
+def _email_api(bench: Bench, kind: str, limit: float | None) -> None:
+    rows = bench.args.count
+    limited = f", limited to {limit:,.0f}/s" if limit else ""
+    print(f"\nb. {kind}: {rows:,} campaign emails, {API_DELAY * 1000:.0f} ms a request{limited}")
+    name, url = bench.database(f"email_{kind}")
+    with esp_servers.running(kind) as server:
+        server.delay, server.limit = API_DELAY, limit
+        settings = {
+            "failover": f"email={kind}",
+            f"{kind}_api_base": server.url,
+            "email_from": "bench@notifier.example",
+            **_credentials(kind),
+        }
+        if limit:
+            settings["rate_limits"] = f"email={limit:.0f}/s"
+        pool = bench.args.concurrency
+        with workers(bench, f"email-{kind}", name, url, settings, pool) as (services, conn):
+            d = drain(
+                conn, name, services, rows, "email", "u{n}@example.com", 60 + rows / 50,
+                body=API_BODY,
+            )  # fmt: skip
+            sent_ids = _sent_ids(conn)
+        taken = [int(m["metadata"][ROW_KEY[kind]]) for m in server.taken]
+        requests, throttled, violations = len(server.requests), server.throttled, server.violations
+    bench.done_with(name)
+    lost, twice = _compare(sent_ids, taken)
+    exact = not lost and not twice and len(taken) == len(sent_ids) == rows
+    million = 1_000_000 / d.rate if d.rate > 0 else float("inf")
+    share = f"; {d.rate / limit:.0%} of the limit" if limit else ""
+    print(
+        f"  {d.sent:,} sent in {d.seconds:.2f}s = {fmt_int(d.rate)}/s{share}; a million would"
+        f" take {_duration(million)}; {requests:,} requests, {throttled} answered 429;"
+        f" CPU: worker {d.worker_cpu:.1f}s, PostgreSQL {d.postgres_cpu:.1f}s; load {d.load}",
+        flush=True,
+    )
+    print(
+        f"    the server took {len(taken):,} messages for {len(sent_ids):,} sent rows:"
+        f" {len(lost)} lost, {len(twice)} received more than once; {d.describe()}"
+    )
+    if violations:
+        print(f"    REQUESTS OFF THE FORMAT: {len(violations)}, e.g. {violations[0]}")
+    if d.sent != rows:
+        print(f"    NOT ALL SENT: {d.by_status}{' (timed out)' if d.timed_out else ''}")
+    if limit:
+        ok = d.rate >= API_SHARE * limit and throttled <= API_MOST_429
+        figure, target = f"{d.rate / limit:.0%} of {limit:,.0f}/s", f">= {API_SHARE:.0%}"
+    else:
+        ok = d.rate >= API_TARGET
+        figure, target = f"{fmt_int(d.rate)} emails/s", f">= {fmt_int(API_TARGET)}/s"
+    bench.lines.append(
+        Line(
+            f"b {kind}, 200 ms a request{' at its limit' if limit else ''}",
+            figure + (f", {throttled} 429s" if limit else ""),
+            target,
+            "PASS" if ok and exact and not violations else "FAIL",
+        )
+    )
+
+
+def _credentials(kind: str) -> dict[str, str]:
+    if kind == "sendgrid":
+        return {"sendgrid_api_key": esp_servers.SENDGRID_KEY}
+    if kind == "mailgun":
+        return {
+            "mailgun_api_key": esp_servers.MAILGUN_KEY,
+            "mailgun_domain": esp_servers.MAILGUN_DOMAIN,
+        }
+    return {"postmark_server_token": esp_servers.POSTMARK_TOKEN}
+
+
+#: One function per target, run in order.
+TARGETS = [smtp_relay, email_apis]
 
 
 def _sent_ids(conn: Conn) -> list[int]:

@@ -106,6 +106,15 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         ("--count",),
         {"type": positive, "default": 20_000, "help": "emails per target (default 20,000)"},
     ),
+    "api_limit": (
+        ("--api-limit",),
+        {
+            "type": positive,
+            "default": 2_000,
+            "help": "messages a second the email APIs' servers take in the limited runs"
+            " (default 2,000)",
+        },
+    ),
     "send_concurrency": (
         ("--send-concurrency",),
         {

@@ -54,6 +54,8 @@ class Seen:
     #: the messages it asks for, one per recipient, each as the recipient would get it:
     #: {"to", "subject", "headers", "metadata", "text", "html"}
     messages: list[dict[str, Any]] = field(default_factory=list)
+    #: answered 429 by the server's rate limit
+    throttled: bool = False
 
 
 @dataclass
@@ -64,11 +66,36 @@ class EspServer:
     requests: list[Seen] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     url: str = ""
+    #: messages a second the server takes, as a token bucket of a second's worth; a request
+    #: whose messages would exceed it is answered 429 with ``Retry-After: 1`` (None: no limit)
+    limit: float | None = None
+    #: requests answered 429 by ``limit``, and the messages of the others (accepted or not)
+    throttled: int = 0
+    _tokens: float = 0.0
+    _filled: float = 0.0
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """Every message the server was asked to send, in order."""
         return [m for seen in self.requests for m in seen.messages]
+
+    @property
+    def taken(self) -> list[dict[str, Any]]:
+        """The messages of the requests the rate limit let through."""
+        return [m for seen in self.requests if not seen.throttled for m in seen.messages]
+
+    def _within_limit(self, count: int) -> bool:
+        if self.limit is None:
+            return True
+        now = asyncio.get_running_loop().time()
+        if not self._filled:
+            self._tokens, self._filled = self.limit, now
+        self._tokens = min(self.limit, self._tokens + (now - self._filled) * self.limit)
+        self._filled = now
+        if count > self._tokens:
+            return False
+        self._tokens -= count
+        return True
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -81,6 +108,11 @@ class EspServer:
             answer = _refusal(self.kind, 400, str(exc))
         if self.answers:
             answer = self.answers.pop(0)
+        elif not self._within_limit(len(seen.messages)):
+            seen.throttled = True
+            self.throttled += 1
+            status, headers, payload = _refusal(self.kind, 429, "rate limit exceeded", code=429)
+            answer = status, {**headers, "Retry-After": "1"}, payload
         if self.delay:
             await asyncio.sleep(self.delay)
         status, headers, payload = answer
@@ -149,7 +181,8 @@ def _sendgrid(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], by
         custom = _strings(p.get("custom_args", {}), f"personalizations.{i}.custom_args")
         for j, recipient in enumerate(to):
             address = recipient.get("email") if isinstance(recipient, dict) else None
-            _require(isinstance(address, str), f"personalizations.{i}.to.{j}.email")
+            if not isinstance(address, str):
+                raise Invalid(f"personalizations.{i}.to.{j}.email")
             addresses.append(address.lower())
             if _bad(address):
                 blamed.append(f"personalizations.{i}.to.{j}.email")
