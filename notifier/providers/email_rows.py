@@ -51,9 +51,8 @@ class EmailRows(Provider):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self._sender = parseaddr(settings.email_from)[1] or settings.email_from
-        _, at, domain = self._sender.rpartition("@")
-        self._domain = domain if at and domain else "notifier.localhost"
+        self._sender = sender_address(settings.email_from)
+        self._domain = sender_domain(settings.email_from)
         try:
             check_sender(settings.email_from, self._domain)
         except InvalidNotification as exc:
@@ -68,7 +67,7 @@ class EmailRows(Provider):
         check_recipient(recipient)
 
     def _message_id(self, n: Notification) -> str:
-        return f"<notification-{n.id}@{self._domain}>"
+        return message_id(n, self._domain)
 
     def _compose(self, n: Notification, message_id: str) -> bytes:
         headers, reply_to = row_headers(n, self._feedback_headers(n))
@@ -96,6 +95,23 @@ class EmailRows(Provider):
 
 
 # -- an email row, whatever carries it (SMTP or an email provider's HTTP API) -------------------
+
+
+def sender_address(email_from: str) -> str:
+    """The bare address of ``NOTIFIER_EMAIL_FROM`` (``Shop <news@shop.example>``)."""
+    return parseaddr(email_from)[1] or email_from
+
+
+def sender_domain(email_from: str) -> str:
+    """The domain every ``Message-ID`` names: the sender's, ``notifier.localhost`` without one."""
+    _, at, domain = sender_address(email_from).rpartition("@")
+    return domain if at and domain else "notifier.localhost"
+
+
+def message_id(n: Notification, domain: str) -> str:
+    """A row's ``Message-ID``, the same on every attempt and through every transport, so that
+    a receiver can drop the duplicate a retry may cause."""
+    return f"<notification-{n.id}@{domain}>"
 
 
 def check_notification(notification: Notification) -> None:

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate, parseaddr
+from email.utils import formatdate
 from typing import Any, ClassVar
 
 import aiohttp
@@ -49,7 +49,9 @@ from notifier.providers.email_rows import (
     check_recipient,
     list_unsubscribe,
     row_headers,
+    sender_domain,
 )
+from notifier.providers.email_rows import message_id as row_message_id
 from notifier.providers.http import LoopSession, parse_retry_after, post, read_capped
 from notifier.settings import Settings
 
@@ -143,9 +145,7 @@ class EspProvider(Provider):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self._settings = settings
-        sender = parseaddr(settings.email_from)[1] or settings.email_from
-        _, at, domain = sender.rpartition("@")
-        self._domain = domain if at and domain else "notifier.localhost"
+        self._domain = sender_domain(settings.email_from)
         self._misconfigured = self._configuration_error()
         if self._misconfigured is None:
             try:
@@ -229,7 +229,7 @@ class EspProvider(Provider):
         """The row's message; ``InvalidNotification`` if a header would not read back as
         written (the same check, by the same code, as every SMTP message gets)."""
         self.validate(n)
-        message_id = f"<notification-{n.id}@{self._domain}>"
+        message_id = row_message_id(n, self._domain)
         feedback = {"X-Notifier-Id": str(n.id)} | list_unsubscribe(self._settings, n)
         headers, reply_to = row_headers(n, feedback)
         subject = n.subject or ""
