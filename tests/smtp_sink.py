@@ -55,6 +55,10 @@ class _Controller(Controller):
                 for transport in (getattr(server, "_original_transport", None), server.transport):
                     if transport is not None and not transport.is_closing():
                         transport.close()
+            # A client that refused the server's certificate (implicit TLS) has the server's
+            # handshake fail a moment later, and asyncio closes that transport a callback after:
+            # let both happen before the loop stops, or its socket outlives the loop.
+            await asyncio.sleep(0.2)
             for _ in range(3):  # a closed transport lets its socket go a callback later
                 await asyncio.sleep(0)
 
