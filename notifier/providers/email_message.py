@@ -12,12 +12,16 @@ given, whatever the Python:
   number of characters), so a ``=?...?=`` in the input is text that reads back as written;
 * a ``Reply-To`` is one address, bare or with a display name; the name is written like a value.
 
-Then ``build`` checks the result: it parses the header block back, exactly as serialized for
-the wire, with the standard library's parser, and refuses (``InvalidNotification``) unless the
-headers are exactly the intended ones, in order, and each that a row or the deployment's sender
-can influence reads back as intended (the others, Date and the MIME headers, are notifier's
-own; parsing them too would double the check's cost). Characters no
-header can carry (``check_text``) are refused before anything is written.
+Then ``build`` checks each header as written for the wire: one that could hold something to
+decode (an encoded word, a display name, a sender) is parsed back alone with the standard
+library's parser, and refused (``InvalidNotification``) unless it reads back as one header of
+its name, meaning exactly what was intended; one that cannot (printable ASCII words in a text
+header, a plain address, notifier's own ``Message-ID`` and ``Date``) is taken as written. A
+header never runs into the next (each begins with its name), so a message of such headers has
+exactly the intended ones, in order; ``tests/unit/test_email_message.py`` parses whole
+messages back to prove it. Parses are remembered, and so is the MIME part a campaign's
+messages share: a message costs little more than its own few headers. Characters no header
+can carry (``check_text``) are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ from __future__ import annotations
 import base64
 import functools
 import re
+import time
 import unicodedata
 from collections.abc import Iterable
-from email.headerregistry import HeaderRegistry
+from datetime import UTC, datetime
+from email.headerregistry import HeaderRegistry, UnstructuredHeader
 from email.message import EmailMessage
 from email.parser import BytesHeaderParser
 from email.policy import SMTP as SMTP_POLICY
 from email.policy import default as DEFAULT_POLICY
+from email.utils import format_datetime
 from typing import Any
 
 from notifier.providers.base import InvalidNotification
@@ -57,7 +64,8 @@ class _HeaderClasses(HeaderRegistry):
 # "none" so that the headers written here go out exactly as written, never refolded.
 POLICY = SMTP_POLICY.clone(cte_type="7bit", refold_source="none", header_factory=_HeaderClasses())
 #: How a receiver reads the headers back: the standard library's default policy.
-_READ = DEFAULT_POLICY.clone(header_factory=_HeaderClasses())
+_READ_CLASSES = _HeaderClasses()
+_READ = DEFAULT_POLICY.clone(header_factory=_READ_CLASSES)
 
 #: A plain ASCII addr-spec: dot-atom local part, a domain with at least one dot.
 ADDRESS = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"
@@ -82,7 +90,12 @@ _CONTROL_NAMES = {
 _PLAIN = re.compile(r"[!-~]+(?:[ \t]+[!-~]+)*")
 _TOKEN = re.compile(r"[ \t]*[^ \t]+")
 _ATOMS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?: [A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*")
-_UNCHECKED = object()
+#: Shapes that read back exactly as written, for want of anything to decode (see ``_put``).
+_MESSAGE_ID = re.compile(r"<[A-Za-z0-9_.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*>")
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_DOT_ATOM_ADDRESS = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+#: Characters of body and html up to which a message's MIME part is remembered (``_content``).
+_REMEMBERED_CONTENT = 262_144
 _BLANKS = re.compile(r"[ \t]+")
 _FOLD_AT = 78  # RFC 5322's recommended line length
 _LONGEST_LINE = 998  # its limit
@@ -162,42 +175,37 @@ def build(
     """The message as it goes on the wire; ``InvalidNotification`` if a header would not read
     back exactly as intended.
 
-    ``sender``, ``date`` and ``message_id`` come from the deployment and the row's id, and go
-    through the standard library; the rest is written by this module (see the module docstring).
-    ``headers`` are extra unstructured headers; ``reply_to`` is (display name, address).
+    ``sender`` goes through the standard library (once per sender); ``date`` and
+    ``message_id`` are notifier's own; the rest is written by this module (see the module
+    docstring). ``headers`` are extra unstructured headers; ``reply_to`` is (display name,
+    address). The MIME part (``body``, ``html``) is made by the standard library, once for
+    every message that shares it (a campaign's).
     """
-    message = EmailMessage(policy=POLICY)
-    meant: list[object] = []  # what each header written here must read back as, in order
-
-    def put(name: str, wire: str, meaning: object) -> None:
-        message.set_raw(name, wire)
-        meant.append(meaning)
-
-    try:
-        message.set_raw("From", _sender_header(sender))
-    except ValueError as exc:  # the Python may refuse it: a CR or LF that it decoded
-        raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
-    put("To", recipient, (("", recipient),))
-    put("Subject", _text("Subject", subject), subject)
-    message["Date"] = date
-    message["Message-ID"] = message_id
+    lines = [_sender_line(sender)]
+    _put(lines, "To", recipient, (("", recipient),))
+    _put(lines, "Subject", _text("Subject", subject), subject)
+    if not _PLAIN.fullmatch(date):  # notifier's own, never a row's: only kept to one line
+        raise InvalidNotification(f"the date {date[:100]!r} cannot be written")
+    lines.append(f"Date: {date}\r\n")
+    _put(lines, "Message-ID", message_id, message_id)
     if reply_to is not None:
-        put("Reply-To", _mailbox("Reply-To", *reply_to), (reply_to,))
+        _put(lines, "Reply-To", _mailbox("Reply-To", *reply_to), (reply_to,))
     for name, value in headers.items():
-        put(name, _text(name, value), value)
-    message.set_content(body)
-    if html is not None:
-        message.add_alternative(html, subtype="html")
-    wire = message.as_bytes()
-    written = iter(meant)  # header objects are str too; the ones written here are plain str
-    _verify(
-        [
-            (name, next(written) if type(value) is str else _stdlib_meaning(name, value))
-            for name, value in message.raw_items()
-        ],
-        wire,
-    )
-    return wire
+        if not _HEADER_NAME.fullmatch(name):
+            raise InvalidNotification(f"the header name {name[:100]!r} cannot be written")
+        _put(lines, name, _text(name, value), value)
+    return "".join(lines).encode("ascii") + _content(body, html)
+
+
+def date_header(now: float | None = None) -> str:
+    """The ``Date`` of a message made at ``now`` (a Unix time; by default now), in UTC as
+    RFC 5322 writes it (``+0000``)."""
+    return _date_of(int(time.time() if now is None else now))
+
+
+@functools.lru_cache(maxsize=4)
+def _date_of(second: int) -> str:
+    return format_datetime(datetime.fromtimestamp(second, UTC))
 
 
 def check_headers(headers: Any) -> None:
@@ -258,7 +266,7 @@ def check_sender(sender: str, domain: str) -> None:
         sender=sender,
         recipient="probe@example.com",
         subject="",
-        date="Thu, 01 Jan 1970 00:00:00 GMT",
+        date=date_header(0),
         message_id=f"<probe@{domain}>",
         headers={},
         reply_to=None,
@@ -319,46 +327,101 @@ def _encoded_words(value: str, first: int) -> Iterable[str]:
         start, chunk = end, _CHUNK
 
 
-def _verify(intended: list[tuple[str, object]], wire: bytes) -> None:
-    """Parse the header block of ``wire`` back; raise unless its headers are ``intended``'s, in
-    order, each with the meaning given (``_UNCHECKED``: the name is enough)."""
-    head = wire.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
-    parsed = BytesHeaderParser(policy=_READ).parsebytes(head)
-    names, want = parsed.keys(), [name for name, _ in intended]
-    if names != want:
-        raise InvalidNotification(
-            f"the email's headers would not read back as written: they would be {names}, "
-            f"not {want}; nothing was sent"
-        )
-    for (name, raw), (_, meaning) in zip(parsed.raw_items(), intended, strict=True):
-        if meaning is _UNCHECKED:
-            continue
-        got = _read_back(name, raw)
+def _put(lines: list[str], name: str, wire: str, meaning: object) -> None:
+    """Append header ``name: wire`` to ``lines``, or raise unless it reads back alone as one
+    header ``name`` meaning ``meaning``. A header a message is made of reads back as the same
+    header whatever comes after it (the next begins with a name, never with a space), so a
+    message whose every header does has exactly the intended ones."""
+    if not _reads_back_plainly(name, wire, meaning):
+        got = _read_alone(name, wire)
         if got != meaning:
             raise InvalidNotification(
                 f"the email's {name} header would read back as {got!r}, not as written; "
                 "nothing was sent"
             )
+    lines.append(f"{name}: {wire}\r\n")
 
 
-@functools.lru_cache(maxsize=16)
-def _sender_header(sender: str) -> Any:
-    """The ``From`` header the standard library makes of ``sender``, as ``message["From"] =``
-    makes it; the same for every message of a deployment, so made once."""
-    return POLICY.header_store_parse("From", sender)[1]
+def _reads_back_plainly(name: str, wire: str, meaning: object) -> bool:
+    """Whether ``name: wire`` reads back as ``meaning`` for want of anything to decode: a
+    header the standard library takes as text, of printable ASCII words without ``=?``, only
+    folded; an addr-spec of plain atoms in ``To``; a ``Message-ID`` of plain atoms. The rest
+    is parsed back (``_read_alone``)."""
+    if isinstance(meaning, str):
+        if "=?" in meaning or not _PLAIN.fullmatch(meaning):
+            return False
+        if name == "Message-ID":
+            return wire == meaning and _MESSAGE_ID.fullmatch(wire) is not None
+        return wire.replace("\r\n", "") == meaning and _is_text_header(name)
+    if name == "To" and meaning == (("", wire),):
+        return "=?" not in wire and _DOT_ATOM_ADDRESS.fullmatch(wire) is not None
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _is_text_header(name: str) -> bool:
+    return issubclass(_READ_CLASSES[name], UnstructuredHeader)
 
 
 @functools.lru_cache(maxsize=1024)
-def _read_back(name: str, raw: str) -> object:
-    """What a receiver reads in header ``name: raw``. Remembered: the sender's header, a
-    campaign's subject and the like come back in every message, and their parse is costly."""
+def _read_alone(name: str, wire: str) -> object:
+    """What a receiver reads in ``name: wire`` as a message's only header; ``InvalidNotification``
+    unless it is one header of that name. Remembered: a campaign's subject and the like come
+    back in every message, and their parse is costly."""
+    try:
+        head = f"{name}: {wire}\r\n\r\n".encode("ascii")
+    except UnicodeEncodeError:
+        message = f"the email's {name} header is not ASCII; nothing was sent"
+        raise InvalidNotification(message) from None
+    parsed = BytesHeaderParser(policy=_READ).parsebytes(head)
+    if parsed.keys() != [name]:
+        raise InvalidNotification(
+            f"the email's headers would not read back as written: they would be "
+            f"{parsed.keys()}, not {[name]}; nothing was sent"
+        )
+    [(_, raw)] = parsed.raw_items()
     return _meaning(_READ.header_fetch_parse(name, raw))
 
 
-def _stdlib_meaning(name: str, header: Any) -> object:
-    """The meaning to check of a header the standard library wrote: the sender's and the
-    Message-ID's, which come from ``NOTIFIER_EMAIL_FROM``; the rest are notifier's own."""
-    return _meaning(header) if name in ("From", "Message-ID") else _UNCHECKED
+@functools.lru_cache(maxsize=16)
+def _sender_line(sender: str) -> str:
+    """The ``From`` line the standard library writes of ``sender``, checked to read back as
+    what it made of it; the same for every message of a deployment, so made once."""
+    try:
+        header = POLICY.header_store_parse("From", sender)[1]
+    except ValueError as exc:  # the Python may refuse it: a CR or LF that it decoded
+        raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
+    line = str(POLICY.fold("From", header))
+    wire = line.removeprefix("From: ").removesuffix("\r\n")
+    got = _read_alone("From", wire)
+    if got != _meaning(header):
+        raise InvalidNotification(
+            f"the email's From header would read back as {got!r}, not as written; nothing was sent"
+        )
+    return line
+
+
+def _content(body: str, html: str | None) -> bytes:
+    """The MIME headers and body of a message of ``body`` (and ``html``), as the standard
+    library writes them; remembered up to ``_REMEMBERED_CONTENT`` characters, since a
+    campaign's messages share theirs (the boundary of a multipart message is then made once;
+    the standard library makes sure no line of the content is it)."""
+    if len(body) + len(html or "") <= _REMEMBERED_CONTENT:
+        return _remembered_content(body, html)
+    return _mime_part(body, html)
+
+
+@functools.lru_cache(maxsize=32)
+def _remembered_content(body: str, html: str | None) -> bytes:
+    return _mime_part(body, html)
+
+
+def _mime_part(body: str, html: str | None) -> bytes:
+    message = EmailMessage(policy=POLICY)
+    message.set_content(body)
+    if html is not None:
+        message.add_alternative(html, subtype="html")
+    return message.as_bytes()
 
 
 def _meaning(header: Any) -> object:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from email.utils import formatdate, parseaddr
+from email.utils import parseaddr
 from typing import ClassVar
 
 from notifier import unsubscribe
@@ -32,6 +32,7 @@ from notifier.providers.email_message import (
     check_headers,
     check_sender,
     check_text,
+    date_header,
     json_type,
     parse_mailbox,
 )
@@ -75,7 +76,7 @@ class EmailRows(Provider):
             sender=self.settings.email_from,
             recipient=n.recipient,
             subject=n.subject or "",
-            date=formatdate(usegmt=True),
+            date=date_header(),
             message_id=message_id,
             headers=headers,
             reply_to=reply_to,

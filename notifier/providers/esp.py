@@ -33,7 +33,6 @@ import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import Any, ClassVar
 
 import aiohttp
@@ -43,7 +42,7 @@ import yarl
 from notifier import eventloop
 from notifier.models import Notification, truncate
 from notifier.providers.base import InvalidNotification, Outcome, Permanent, Provider, Retry, Sent
-from notifier.providers.email_message import build, check_sender
+from notifier.providers.email_message import build, check_sender, date_header
 from notifier.providers.email_rows import (
     check_notification,
     check_recipient,
@@ -237,7 +236,7 @@ class EspProvider(Provider):
             sender=self._settings.email_from,
             recipient=n.recipient,
             subject=subject,
-            date=formatdate(0, usegmt=True),
+            date=date_header(0),
             message_id=message_id,
             headers=headers,
             reply_to=reply_to,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import re
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from notifier.providers.email_message import build, check_text, parse_mailbox
 BASE = ["From", "To", "Subject", "Date", "Message-ID"]
 MIME = ["Content-Type", "Content-Transfer-Encoding", "MIME-Version"]
 ATTACK = "=?utf-8?q?Hi=0D=0ABcc:_eve@evil.example?="
+ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+DOT_ATOM = rf"{ATEXT}(\.{ATEXT})*@[a-z0-9-]+\.[a-z]+"
 
 # Encoded-word shapes, well formed or not, with CR/LF and header syntax in their payloads.
 encoded_words = st.builds(
@@ -53,7 +56,7 @@ def compose(
         sender="Shop <noreply@shop.example>",
         recipient="ada@example.com",
         subject=subject,
-        date="Thu, 01 Jan 2026 00:00:00 GMT",
+        date="Thu, 01 Jan 2026 00:00:00 +0000",
         message_id="<notification-1@shop.example>",
         headers=headers or {},
         reply_to=reply_to,
@@ -153,10 +156,66 @@ def test_a_from_the_standard_library_misreads_is_refused() -> None:
             sender=f"{ATTACK} <noreply@shop.example>",
             recipient="ada@example.com",
             subject="Hi",
-            date="Thu, 01 Jan 2026 00:00:00 GMT",
+            date="Thu, 01 Jan 2026 00:00:00 +0000",
             message_id="<notification-1@shop.example>",
             headers={},
             reply_to=None,
             body="Hello",
             html=None,
         )
+
+
+# What ``build`` takes as written, unparsed: it must be what the standard library reads.
+plain_addresses = st.from_regex(
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,20}@[a-z0-9-]{1,10}\.[a-z]{2,5}", fullmatch=True
+)
+message_ids = st.from_regex(
+    r"<[A-Za-z0-9_.+-]{1,20}@[A-Za-z0-9-]{1,10}(\.[a-z]{1,5}){0,2}>", fullmatch=True
+)
+
+
+def addressed(recipient: str, message_id: str) -> bytes:
+    return build(
+        sender="Shop <noreply@shop.example>",
+        recipient=recipient,
+        subject="Hi",
+        date="Thu, 01 Jan 2026 00:00:00 +0000",
+        message_id=message_id,
+        headers={},
+        reply_to=None,
+        body="Hello",
+        html="<p>Hello</p>",
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(recipient=plain_addresses, message_id=message_ids)
+def test_an_address_and_a_message_id_are_refused_or_read_back_exactly(
+    recipient: str, message_id: str
+) -> None:
+    try:
+        wire = addressed(recipient, message_id)
+    except InvalidNotification:
+        # Only what is not plain goes to the parser, and only it may be refused.
+        assert not re.fullmatch(DOT_ATOM, recipient) or "=?" in recipient
+        return
+    message = parse(wire)
+    assert [name for name, _ in message.raw_items()] == [*BASE, "MIME-Version", "Content-Type"]
+    [address] = message["To"].addresses
+    assert (address.display_name, address.addr_spec) == ("", recipient)
+    assert str(message["Message-ID"]) == message_id
+
+
+def test_an_address_header_among_the_extra_headers_is_refused() -> None:
+    # Extra headers are text; one the standard library reads as addresses is not written.
+    with pytest.raises(InvalidNotification, match="Cc header would read back"):
+        compose(headers={"Cc": "eve@evil.example"})
+
+
+def test_messages_that_share_their_content_differ_only_in_their_own_headers() -> None:
+    first, second = (
+        addressed("ada@example.com", "<n-1@x.example>"),
+        addressed("bob@example.com", "<n-2@x.example>"),
+    )
+    assert first.partition(b"MIME-Version")[2] == second.partition(b"MIME-Version")[2]
+    assert parse(second)["To"].addresses[0].addr_spec == "bob@example.com"
