@@ -417,6 +417,25 @@ def _remembered_content(body: str, html: str | None) -> bytes:
 
 
 def _mime_part(body: str, html: str | None) -> bytes:
+    """What ``_stdlib_part`` writes, written here for the usual text: a plain ASCII body whose
+    lines fit (it goes out as it is, ``7bit``); the standard library writes any other."""
+    if html is None and body.isascii():
+        lines = body.encode("ascii").splitlines()
+        if max((len(line) for line in lines), default=0) <= _FOLD_AT:  # the policy's max_line_length
+            return _PLAIN_TEXT_PART + b"".join(line + b"\r\n" for line in lines or [b""])
+    return _stdlib_part(body, html)
+
+
+#: The MIME headers the standard library gives a plain ASCII body that fits its lines.
+_PLAIN_TEXT_PART = (
+    b'Content-Type: text/plain; charset="utf-8"\r\nContent-Transfer-Encoding: 7bit\r\n'
+    b"MIME-Version: 1.0\r\n\r\n"
+)
+
+
+def _stdlib_part(body: str, html: str | None) -> bytes:
+    """The MIME headers and body of a message of ``body`` (and ``html``), as the standard
+    library writes them."""
     message = EmailMessage(policy=POLICY)
     message.set_content(body)
     if html is not None:

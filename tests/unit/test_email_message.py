@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from notifier.providers import email_message
 from notifier.providers.base import InvalidNotification
 from notifier.providers.email_message import build, check_text, parse_mailbox
 
@@ -219,3 +220,15 @@ def test_messages_that_share_their_content_differ_only_in_their_own_headers() ->
     )
     assert first.partition(b"MIME-Version")[2] == second.partition(b"MIME-Version")[2]
     assert parse(second)["To"].addresses[0].addr_spec == "bob@example.com"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.lists(
+        st.text(alphabet=st.characters(max_codepoint=127), max_size=90)
+        | st.sampled_from(["\r\n", "\n", "\r", "\r\r\n", "x" * 78, "y" * 79, ".", "From me"]),
+        max_size=6,
+    ).map("".join)
+)
+def test_a_plain_body_is_written_as_the_standard_library_writes_it(body: str) -> None:
+    assert email_message._mime_part(body, None) == email_message._stdlib_part(body, None)
