@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from notifier.delivery.outcomes import Attempt
 from notifier.models import Notification
@@ -28,6 +29,20 @@ class BatchReport:
     took: float = 0.0
     #: why this batch could not send, when the send gate or the limiter was closed
     paused: str | None = None
+    #: the rows of each claim, in order: one, or more when the batch topped itself up
+    claims: list[int] = field(default_factory=list)
+    #: whether the last claim came back full: a backlog may remain
+    full: bool = False
+
+    def claim(self, rows: int, limit: int) -> None:
+        self.claims.append(rows)
+        self.claimed += rows
+        self.full = rows >= limit
+
+    @property
+    def done(self) -> int:
+        """Rows whose outcome is recorded, or that were handed back."""
+        return self.sent + self.retried + self.dead + self.cancelled + self.released + self.stale
 
     def log(self, worker: str) -> None:
         """The batch's one summary line."""
@@ -90,3 +105,30 @@ class Unrecorded:
         taken, self.results = self.results, {}
         self._since = None
         return taken
+
+
+@dataclass(slots=True)
+class TopUp:
+    """How a batch that came back full goes on claiming while a backlog remains: each time its
+    rows are all under way and fewer than ``in_flight`` sends run, it claims what it sends in
+    ``BATCH_TARGET_SECONDS`` at its pace so far, until ``until`` (a ``time.monotonic()``
+    value) or a claim comes back short. ``on_full`` is called after every full claim."""
+
+    smallest: int
+    largest: int
+    in_flight: int
+    until: float
+    on_full: Callable[[], None]
+    started: float = field(default_factory=time.monotonic)
+
+    def size(self, report: BatchReport) -> int:
+        """The next claim: the rows done so far per second, times ``BATCH_TARGET_SECONDS``,
+        between ``smallest`` and ``largest``."""
+        pace = report.done / max(time.monotonic() - self.started, 0.001)
+        return max(self.smallest, min(int(pace * BATCH_TARGET_SECONDS), self.largest))
+
+
+#: How long a batch should take at the pace of the last one, when a backlog remains: long enough
+#: to claim fast rows by the thousand, short enough that a transactional row claimed by the next
+#: batch waits well under a second behind a campaign's.
+BATCH_TARGET_SECONDS = 0.5

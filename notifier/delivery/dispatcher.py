@@ -37,7 +37,7 @@ from sqlalchemy.exc import DBAPIError
 
 from notifier.db import queue
 from notifier.delivery import guards as guards_module
-from notifier.delivery.batch import BatchReport, Unrecorded
+from notifier.delivery.batch import BATCH_TARGET_SECONDS, BatchReport, TopUp, Unrecorded
 from notifier.delivery.checks import RowCheck, named
 from notifier.delivery.durable import until_committed
 from notifier.delivery.outcomes import Attempt, Cancelled, Result, explain, plan
@@ -58,11 +58,6 @@ T = TypeVar("T")
 
 #: Seconds after which rows about to be sent are looked at again (cancelled? paused?).
 RECHECK_AFTER = 0.2
-
-#: How long a batch should take at the pace of the last one, when a backlog remains: long enough
-#: to claim fast rows by the thousand, short enough that a transactional row claimed by the next
-#: batch waits well under a second behind a campaign's.
-BATCH_TARGET_SECONDS = 0.5
 
 
 def _always_open() -> None:
@@ -124,19 +119,20 @@ class Dispatcher:
     ) -> list[BatchReport]:
         """Run batches while full ones keep coming, for at most ``budget_seconds``.
 
-        ``on_full_batch`` is called after every full batch, so the caller can bring more
-        workers in while a backlog remains. Stops early when stopping or paused.
+        ``on_full_batch`` is called after every full claim, so the caller can bring more
+        workers in while a backlog remains. A full batch goes on claiming as its sends get under
+        way (``TopUp``), so that the next rows are claimed while the last ones are sent. Stops
+        early when stopping or paused.
         """
         budget = self.settings.dispatch_budget_seconds if budget_seconds is None else budget_seconds
         deadline = time.monotonic() + budget
         reports = []
         limit = self.settings.batch_size
         while not self.stopping.is_set():
-            report = self.run_once(deadline, limit=limit)
+            report = self.run_once(deadline, limit=limit, on_full=on_full_batch)
             reports.append(report)
-            if report.claimed < limit or report.paused or time.monotonic() >= deadline:
+            if not report.full or report.paused or time.monotonic() >= deadline:
                 break
-            on_full_batch()
             limit = self.next_limit(report)
         return reports
 
@@ -148,8 +144,15 @@ class Dispatcher:
         smallest = self.settings.batch_size
         return max(smallest, min(wanted, max(self.settings.max_batch_size, smallest)))
 
-    def run_once(self, deadline: float | None = None, *, limit: int | None = None) -> BatchReport:
-        """Claim one batch, send it, record what happened.
+    def run_once(
+        self,
+        deadline: float | None = None,
+        *,
+        limit: int | None = None,
+        on_full: Callable[[], None] | None = None,
+    ) -> BatchReport:
+        """Claim one batch, send it, record what happened. With ``on_full``, a full claim
+        calls it and the batch tops itself up while a backlog remains (``TopUp``).
 
         Sends not started by ``deadline`` (a ``time.monotonic()`` value; by default the dispatch
         budget from now) are handed back, so a slow provider cannot stretch a task past its
@@ -166,22 +169,35 @@ class Dispatcher:
             log.warning("sending paused, claiming nothing: %s", exc)
             report.paused = str(exc)
             return report
-        token = uuid4()
+        token, limit = uuid4(), self.settings.batch_size if limit is None else limit
+        claimed = self._claim(token, limit)
+        report.claim(len(claimed), limit)
+        if claimed:
+            top_up = None
+            if on_full is not None and report.full:
+                on_full()
+                top_up = self._top_up(deadline, on_full)
+            self._process(token, claimed, deadline, report, top_up)
+            report.took = time.monotonic() - started
+            report.log(self.worker)
+        return report
+
+    def _claim(self, token: UUID, limit: int) -> list[Notification]:
         with self.engine.begin() as conn:
-            claimed = queue.claim_due(
+            return queue.claim_due(
                 conn,
-                limit=self.settings.batch_size if limit is None else limit,
+                limit=limit,
                 lease_seconds=self.settings.lease_seconds,
                 token=token,
                 worker=self.worker,
                 limits=self._read_limits,
             )
-        report.claimed = len(claimed)
-        if claimed:
-            self._process(token, claimed, deadline, report)
-            report.took = time.monotonic() - started
-            report.log(self.worker)
-        return report
+
+    def _top_up(self, deadline: float, on_full: Callable[[], None]) -> TopUp:
+        s = self.settings
+        largest = max(s.max_batch_size, s.batch_size)
+        until = deadline - BATCH_TARGET_SECONDS  # rows claimed later would be handed back
+        return TopUp(s.batch_size, largest, largest, until, on_full)
 
     def close(self) -> None:
         """Release everything: the send threads, and what providers and guards keep open,
@@ -195,8 +211,33 @@ class Dispatcher:
     # -- the stages of a batch ------------------------------------------------------------------
 
     def _process(
-        self, token: UUID, claimed: list[Notification], deadline: float, report: BatchReport
+        self,
+        token: UUID,
+        claimed: list[Notification],
+        deadline: float,
+        report: BatchReport,
+        top_up: TopUp | None,
     ) -> None:
+        unrecorded = Unrecorded({}, {})
+        ready = self._ready(token, claimed, report, unrecorded)
+        try:
+            self._send_all(token, ready, deadline, unrecorded, report, top_up)
+            self._record(token, unrecorded, report)
+        except BaseException:  # the batch is lost, its rows left to the rescue: so are its sends
+            self._sender.drop()
+            raise
+        finally:
+            self.registry.close()
+
+    def _ready(
+        self,
+        token: UUID,
+        claimed: list[Notification],
+        report: BatchReport,
+        unrecorded: Unrecorded,
+    ) -> list[Notification]:
+        """The claimed rows still to send, prepared and checked; the others' results (a row
+        that cannot be sent) join ``unrecorded``."""
         # Looked at again right before sending: a producer may have cancelled since the claim.
         rows = self._still_wanted(token, claimed, report)
         # Templates rendered, suppressed recipients and staging overrides applied.
@@ -208,16 +249,31 @@ class Dispatcher:
                 ready.append(n)
             else:
                 results[n.id] = early
-        early_sends = {i: Attempt(result) for i, result in results.items()}
-        unrecorded = Unrecorded({n.id: n for n in rows}, early_sends)
+        unrecorded.rows.update((n.id, n) for n in rows)
+        unrecorded.add({i: Attempt(result) for i, result in results.items()})
+        return ready
+
+    def _more(
+        self, token: UUID, top_up: TopUp, report: BatchReport, unrecorded: Unrecorded
+    ) -> list[Notification] | None:
+        """The next rows of a batch that tops itself up, ready to send; ``None`` when it stops:
+        past its time, stopping, paused, or after a claim that came back short."""
+        if self.stopping.is_set() or time.monotonic() >= top_up.until:
+            return None
         try:
-            self._send_all(token, ready, deadline, unrecorded, report)
-            self._record(token, unrecorded, report)
-        except BaseException:  # the batch is lost, its rows left to the rescue: so are its sends
-            self._sender.drop()
-            raise
-        finally:
-            self.registry.close()
+            self._pacing.gate()
+        except SendingPaused as exc:
+            log.warning("sending paused, claiming nothing more: %s", exc)
+            report.paused = str(exc)
+            return None
+        limit = top_up.size(report)
+        claimed = self._claim(token, limit)
+        report.claim(len(claimed), limit)
+        if not report.full:
+            top_up.until = 0.0  # the backlog is claimed: this was the last
+        else:
+            top_up.on_full()
+        return self._ready(token, claimed, report, unrecorded)
 
     def _record(self, token: UUID, unrecorded: Unrecorded, report: BatchReport) -> None:
         """Decide and record the outcomes not recorded yet, in one transaction."""
@@ -276,9 +332,11 @@ class Dispatcher:
         deadline: float,
         unrecorded: Unrecorded,
         report: BatchReport,
+        top_up: TopUp | None = None,
     ) -> None:
         """Attempt ``rows`` as fast as the rate limits allow, several at a time, recording their
-        outcomes in small groups as they come (``RECORD_GROUP``, ``RECORD_WITHIN``).
+        outcomes in small groups as they come (``RECORD_GROUP``, ``RECORD_WITHIN``); with
+        ``top_up``, claim more each time they are all under way (``_more``).
 
         Rows the limits hold back wait here, paced by the limiter, until the deadline. Sends
         start in waves as slots come free (``sender.Sender``); before a wave that starts more
@@ -297,9 +355,16 @@ class Dispatcher:
         ready: list[Notification] = []  # granted, not yet started
         looked = time.monotonic()
         overdue = deadline + self.settings.longest_send_seconds
-        while waiting or ready or sender.running:
+        while waiting or ready or sender.running or top_up is not None:
             pause = 0.05
             closing = self.stopping.is_set() or time.monotonic() >= deadline
+            if top_up is not None and not (waiting or ready):
+                if closing:
+                    top_up = None
+                elif sender.running < top_up.in_flight:
+                    more = self._more(token, top_up, report, unrecorded)
+                    top_up = None if more is None else top_up
+                    waiting = more or []
             if waiting and not closing:
                 try:
                     waiting = self._not_held(token, waiting, report)

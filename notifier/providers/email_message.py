@@ -421,7 +421,9 @@ def _mime_part(body: str, html: str | None) -> bytes:
     lines fit (it goes out as it is, ``7bit``); the standard library writes any other."""
     if html is None and body.isascii():
         lines = body.encode("ascii").splitlines()
-        if max((len(line) for line in lines), default=0) <= _FOLD_AT:  # the policy's max_line_length
+        if (
+            max((len(line) for line in lines), default=0) <= _FOLD_AT
+        ):  # the policy's max_line_length
             return _PLAIN_TEXT_PART + b"".join(line + b"\r\n" for line in lines or [b""])
     return _stdlib_part(body, html)
 
