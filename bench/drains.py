@@ -81,11 +81,12 @@ class Drain:
         )
 
     def describe(self) -> str:
-        """Batches per worker process and their mean cycle (claim, send, record) in ms."""
+        """Batches per worker process (a batch tops itself up while a backlog remains) and the
+        seconds from its first send to its last."""
         parts = []
         for who, batches, first, last in self.per_process:
-            cycle = (last - first) / (batches - 1) * 1000 if batches > 1 else math.nan
-            parts.append(f"{who.rsplit(':', 1)[-1]}: {batches} batches, {cycle:.0f} ms apart")
+            many = "batch" if batches == 1 else "batches"
+            parts.append(f"{who.rsplit(':', 1)[-1]}: {batches} {many}, {last - first:.1f}s sending")
         return "per process " + "; ".join(parts)
 
 
