@@ -14,9 +14,11 @@ The life of a batch:
 4. The rest pass their guard, if they name one, and are sent by their provider, several at a
    time, with no transaction open: many at once on the event loop for providers that can send
    asynchronously (webhooks), a few at a time in threads for the others (see ``sender``).
-5. ``outcomes.plan`` turns the answers into bulk writes, made in one transaction. A write that
-   fails because the database went away is retried until it commits, so a send that happened is
-   not forgotten.
+5. ``outcomes.plan`` turns the answers into bulk writes, in small groups as sends end. A write
+   that fails because the database went away is retried until it commits, so a send that
+   happened is not forgotten.
+6. While a backlog remains (every claim came back full), the batch claims more each time its
+   rows are all under way (``batch.TopUp``): the next rows are claimed while the last are sent.
 """
 
 from __future__ import annotations
@@ -33,22 +35,20 @@ from typing import TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 
-from notifier.db import queue
 from notifier.delivery import guards as guards_module
 from notifier.delivery.batch import BATCH_TARGET_SECONDS, BatchReport, TopUp, Unrecorded
-from notifier.delivery.checks import RowCheck, named
-from notifier.delivery.durable import until_committed
-from notifier.delivery.outcomes import Attempt, Cancelled, Result, explain, plan
+from notifier.delivery.checks import RowCheck
+from notifier.delivery.claims import Claims
+from notifier.delivery.outcomes import Attempt, Result, explain, plan
 from notifier.delivery.pacing import Pacing, SendingPaused
-from notifier.delivery.prepare import Content
+from notifier.delivery.prepare import Content, prepare_each
 from notifier.delivery.ratelimit import Limiter, NoLimits
 from notifier.delivery.recorder import Recorder
 from notifier.delivery.retry import RetryPolicy
 from notifier.delivery.sender import Sender
 from notifier.models import AttemptOutcome, Decision, Notification
-from notifier.providers import Permanent, Registry, Retry, chains
+from notifier.providers import Registry, chains
 from notifier.settings import Settings
 
 __all__ = ["BATCH_TARGET_SECONDS", "RECHECK_AFTER", "Dispatcher", "SendingPaused", "process_name"]
@@ -102,7 +102,7 @@ class Dispatcher:
         self.guards = guards if guards is not None else guards_module.registry_of([])
         self.observe = observe
         self.content = content if content is not None else Content(engine, settings)
-        self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
+        self._claims = Claims(engine, settings, self.worker)
         self._chains = chains(registry, settings.failover)
         self._sender = Sender(self._chains, settings)
         self._check = RowCheck(self._chains, settings, clock)
@@ -170,7 +170,7 @@ class Dispatcher:
             report.paused = str(exc)
             return report
         token, limit = uuid4(), self.settings.batch_size if limit is None else limit
-        claimed = self._claim(token, limit)
+        claimed = self._claims.claim(token, limit)
         report.claim(len(claimed), limit)
         if claimed:
             top_up = None
@@ -181,17 +181,6 @@ class Dispatcher:
             report.took = time.monotonic() - started
             report.log(self.worker)
         return report
-
-    def _claim(self, token: UUID, limit: int) -> list[Notification]:
-        with self.engine.begin() as conn:
-            return queue.claim_due(
-                conn,
-                limit=limit,
-                lease_seconds=self.settings.lease_seconds,
-                token=token,
-                worker=self.worker,
-                limits=self._read_limits,
-            )
 
     def _top_up(self, deadline: float, on_full: Callable[[], None]) -> TopUp:
         s = self.settings
@@ -239,7 +228,7 @@ class Dispatcher:
         """The claimed rows still to send, prepared and checked; the others' results (a row
         that cannot be sent) join ``unrecorded``."""
         # Looked at again right before sending: a producer may have cancelled since the claim.
-        rows = self._still_wanted(token, claimed, report)
+        rows = self._claims.still_wanted(token, claimed, report)
         # Templates rendered, suppressed recipients and staging overrides applied.
         prepared, results = self._prepare(rows)
         ready: list[Notification] = []
@@ -267,7 +256,7 @@ class Dispatcher:
             report.paused = str(exc)
             return None
         limit = top_up.size(report)
-        claimed = self._claim(token, limit)
+        claimed = self._claims.claim(token, limit)
         report.claim(len(claimed), limit)
         if not report.full:
             top_up.until = 0.0  # the backlog is claimed: this was the last
@@ -301,29 +290,10 @@ class Dispatcher:
         report.released += decided.count(AttemptOutcome.deferred)
 
     def _durably(self, statements: Callable[[Connection], T]) -> T:
-        """``statements`` in a transaction run again until it commits (``durable``)."""
-        return until_committed(self.engine, statements, within=self.settings.lease_seconds)
+        return self._claims.durably(statements)
 
     def _prepare(self, rows: list[Notification]) -> tuple[list[Notification], dict[int, Result]]:
-        """``Content.prepare``, with one row's failure kept to that row: when preparing the
-        batch raises anything but a database error, each row is prepared alone, and a row that
-        still raises is ``dead``, naming the exception."""
-        try:
-            return self._durably(lambda c: self.content.prepare(rows, c))
-        except DBAPIError:
-            raise
-        except Exception as exc:
-            if len(rows) == 1:
-                log.exception("preparing notification %d raised", rows[0].id)
-                why = f"invalid notification: preparing it raised {named(exc)}"
-                return [], {rows[0].id: Permanent(why)}
-        prepared: list[Notification] = []
-        results: dict[int, Result] = {}
-        for n in rows:
-            ready, decided = self._prepare([n])
-            prepared += ready
-            results.update(decided)
-        return prepared, results
+        return prepare_each(self.content, rows, self._durably)
 
     def _send_all(
         self,
@@ -375,10 +345,10 @@ class Dispatcher:
                     report.paused = str(exc)
                     closing = True
             if closing and (waiting or ready):
-                report.released += self._release(token, [n.id for n in waiting + ready])
+                report.released += self._claims.release(token, [n.id for n in waiting + ready])
                 waiting, ready = [], []
             if ready and time.monotonic() - looked > RECHECK_AFTER:
-                ready = self._still_wanted(token, ready, report)
+                ready = self._claims.still_wanted(token, ready, report)
                 looked = time.monotonic()
             ready = self._start(token, ready, unrecorded)
             if sender.running:
@@ -403,16 +373,6 @@ class Dispatcher:
             ready = [n for n in ready if n.id not in sent]
         return self._sender.start(ready, lambda n: self._ask_guard(token, n))
 
-    def _still_wanted(
-        self, token: UUID, rows: list[Notification], report: BatchReport
-    ) -> list[Notification]:
-        """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
-        held, paused = self._durably(lambda c: queue.recheck(c, token, (n.id for n in rows)))
-        report.stale += sum(1 for n in rows if n.id not in held)
-        if paused:
-            report.released += self._durably(lambda c: queue.park_claimed(c, token, paused))
-        return [n for n in rows if n.id in held and n.id not in paused]
-
     def _not_held(
         self, token: UUID, waiting: list[Notification], report: BatchReport
     ) -> list[Notification]:
@@ -421,7 +381,7 @@ class Dispatcher:
         rest, holds = self._pacing.held_back(waiting)
         now = self.clock()
         for seconds, ids in holds.items():
-            report.released += self._release(
+            report.released += self._claims.release(
                 token,
                 ids,
                 not_before=now + timedelta(seconds=seconds),
@@ -429,30 +389,12 @@ class Dispatcher:
             )
         return rest
 
-    def _release(
-        self,
-        token: UUID,
-        ids: list[int],
-        *,
-        not_before: datetime | None = None,
-        reason: str | None = None,
-    ) -> int:
-        return self._durably(
-            lambda c: queue.release(c, token, ids, not_before=not_before, reason=reason)
-        )
-
     def _ask_guard(self, token: UUID, n: Notification) -> Result | None:
         """The guard's objection as a result, or ``None`` if the row may be sent now."""
         objection = guards_module.objection(self.guards, n)
         if objection is not None:
             return objection
-        # Asking took time: look once more that nobody cancelled the row meanwhile.
-        held, paused = self._durably(lambda c: queue.recheck(c, token, [n.id]))
-        if n.id not in held:
-            return Cancelled("cancelled while its guard was consulted")
-        if n.id in paused:
-            return Retry("its campaign was paused while its guard was consulted")
-        return None
+        return self._claims.after_guard(token, n)
 
 
 def process_name() -> str:

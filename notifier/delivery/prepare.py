@@ -53,8 +53,10 @@ from typing import Any
 from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from notifier.db import suppressions, templates
+from notifier.delivery.checks import named
 from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import Notification
 from notifier.providers.base import Permanent
@@ -62,6 +64,9 @@ from notifier.settings import Settings
 from notifier.specs import normalize_locale
 
 log = logging.getLogger(__name__)
+
+#: The rows to send, and the results of those not to send.
+Prepared = tuple[list[Notification], dict[int, Result]]
 
 #: How long a worker uses a template it read before reading it again.
 TEMPLATE_CACHE_SECONDS = 30.0
@@ -335,3 +340,29 @@ def _stored_locale(locale: str) -> str:
         return normalize_locale(locale)
     except ValueError:
         return locale  # matches no row's chain; harmless
+
+
+def prepare_each(
+    content: Content,
+    rows: list[Notification],
+    durably: Callable[[Callable[[Connection], Prepared]], Prepared],
+) -> Prepared:
+    """``Content.prepare`` in ``durably``'s transaction, with one row's failure kept to that
+    row: when preparing the batch raises anything but a database error, each row is prepared
+    alone, and a row that still raises is ``dead``, naming the exception."""
+    try:
+        return durably(lambda c: content.prepare(rows, c))
+    except DBAPIError:
+        raise
+    except Exception as exc:
+        if len(rows) == 1:
+            log.exception("preparing notification %d raised", rows[0].id)
+            why = f"invalid notification: preparing it raised {named(exc)}"
+            return [], {rows[0].id: Permanent(why)}
+    prepared: list[Notification] = []
+    results: dict[int, Result] = {}
+    for n in rows:
+        ready, decided = prepare_each(content, [n], durably)
+        prepared += ready
+        results.update(decided)
+    return prepared, results

@@ -1,0 +1,90 @@
+"""A batch's rows in the database between their claim and their record: the claim, the looks
+before sending (cancelled since? campaign paused?), and handing rows back unsent.
+
+Every statement but the claim runs until it commits (``durable.until_committed``): the rows are
+this worker's until their lease ends, and what it decided about them must not be lost to a
+database that went away for a moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import TypeVar
+from uuid import UUID
+
+from sqlalchemy import Connection, Engine
+
+from notifier.db import queue
+from notifier.delivery.batch import BatchReport
+from notifier.delivery.durable import until_committed
+from notifier.delivery.outcomes import Cancelled, Result
+from notifier.models import Notification
+from notifier.providers import Retry
+from notifier.settings import Settings
+
+T = TypeVar("T")
+
+
+class Claims:
+    """The claimed rows of one worker process (``worker``, written into ``claimed_by``)."""
+
+    def __init__(self, engine: Engine, settings: Settings, worker: str) -> None:
+        self.engine = engine
+        self.worker = worker
+        self._lease = settings.lease_seconds
+        self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
+
+    def durably(self, statements: Callable[[Connection], T]) -> T:
+        """``statements`` in a transaction run again until it commits (``durable``)."""
+        return until_committed(self.engine, statements, within=self._lease)
+
+    def claim(self, token: UUID, limit: int) -> list[Notification]:
+        """Up to ``limit`` due rows, marked ``processing`` under ``token``, their attempt
+        counted, in one short transaction."""
+        with self.engine.begin() as conn:
+            return queue.claim_due(
+                conn,
+                limit=limit,
+                lease_seconds=self._lease,
+                token=token,
+                worker=self.worker,
+                limits=self._read_limits,
+            )
+
+    def still_wanted(
+        self, token: UUID, rows: list[Notification], report: BatchReport
+    ) -> list[Notification]:
+        """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
+        held, paused = self._recheck(token, (n.id for n in rows))
+        report.stale += sum(1 for n in rows if n.id not in held)
+        if paused:
+            report.released += self.durably(lambda c: queue.park_claimed(c, token, paused))
+        return [n for n in rows if n.id in held and n.id not in paused]
+
+    def after_guard(self, token: UUID, n: Notification) -> Result | None:
+        """Asking a guard took time: the row's result if it was cancelled, or its campaign
+        paused, meanwhile; ``None`` if it may be sent."""
+        held, paused = self._recheck(token, [n.id])
+        if n.id not in held:
+            return Cancelled("cancelled while its guard was consulted")
+        if n.id in paused:
+            return Retry("its campaign was paused while its guard was consulted")
+        return None
+
+    def release(
+        self,
+        token: UUID,
+        ids: list[int],
+        *,
+        not_before: datetime | None = None,
+        reason: str | None = None,
+    ) -> int:
+        """Hand rows back unsent, without using up their attempt; how many were."""
+        return self.durably(
+            lambda c: queue.release(c, token, ids, not_before=not_before, reason=reason)
+        )
+
+    def _recheck(self, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
+        listed = list(ids)  # read again by every try
+        return self.durably(lambda c: queue.recheck(c, token, listed))
