@@ -239,6 +239,9 @@ def _mailgun(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], byt
         _require(isinstance(variables, dict), "recipient-variables must be an object")
         _require(all(a in variables for a in to), "recipient-variables for every to")
     _require(len({a.lower() for a in to}) == len(to), "each address once")
+    headers = [(k[2:], v) for k, v in form if k.startswith("h:")]  # read once for every "to"
+    metadata = [(k[2:], v) for k, v in form if k.startswith("v:")]
+    subject, text, html = one("subject"), one("text"), one("html")
     for address in to:
         mine = variables.get(address, {})
 
@@ -250,11 +253,11 @@ def _mailgun(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], byt
         seen.messages.append(
             {
                 "to": address,
-                "subject": fill(one("subject")),
-                "headers": {k[2:]: fill(v) for k, v in form if k.startswith("h:")},
-                "metadata": {k[2:]: fill(v) for k, v in form if k.startswith("v:")},
-                "text": fill(one("text")),
-                "html": fill(one("html")),
+                "subject": fill(subject),
+                "headers": {k: fill(v) for k, v in headers},
+                "metadata": {k: fill(v) for k, v in metadata},
+                "text": fill(text),
+                "html": fill(html),
             }
         )
     if any(_bad(a) for a in to):

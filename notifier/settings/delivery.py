@@ -41,11 +41,12 @@ class DeliverySettings(BaseSettings):
     dispatch, and every claim after a batch that came back short."""
 
     max_batch_size: int = Field(1000, gt=0, le=10_000)
-    """Largest claim while a backlog remains. After a full batch the next claim is what this
-    process sent in the last half second (``BATCH_TARGET_SECONDS``), between ``batch_size`` and
-    this: fast rows are claimed a thousand at a time, slow or rate-limited ones stay small, so a
-    transactional row never waits long behind a campaign's batch. Set it to ``batch_size`` for
-    fixed batches."""
+    """Largest claim while a backlog remains. A batch whose claim came back full claims more
+    each time its rows are all under way and fewer than this many sends run: what it sent in
+    half a second at its pace so far (``BATCH_TARGET_SECONDS``), between ``batch_size`` and
+    this. Fast rows are claimed a thousand at a time while the last ones are being sent, slow or
+    rate-limited ones in small claims, so a transactional row never waits long behind a
+    campaign's. Set it to ``batch_size`` for fixed claims."""
 
     dispatch_budget_seconds: float = Field(20.0, gt=0)
     """How long one dispatch task keeps claiming batches before it hands over to a fresh task."""

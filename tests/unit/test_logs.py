@@ -150,7 +150,11 @@ _LOCAL = st.text(st.sampled_from(string.ascii_letters + string.digits + "!#$%&'*
 _TOKEN = st.text(st.sampled_from(string.ascii_letters + string.digits + "_-"), min_size=16)
 
 
-@given(_LOCAL.filter(lambda s: len(s) >= 3), st.sampled_from(["example.com", "mail.example.de"]))
+# A local part of one character and masks ("a**") reads like its own masked form: not a leak.
+@given(
+    _LOCAL.filter(lambda s: len(s) >= 3 and s[1:].strip("*")),
+    st.sampled_from(["example.com", "mail.example.de"]),
+)
 def test_no_email_local_part_survives_masking(local: str, domain: str) -> None:
     address = f"{local}@{domain}"
     assert local not in logs.mask_recipient(address).removesuffix(f"@{domain}")
