@@ -40,7 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench.common
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from sqlalchemy import Engine, create_engine, event
 

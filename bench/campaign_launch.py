@@ -31,7 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from sqlalchemy import Engine, create_engine, event
 

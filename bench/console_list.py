@@ -19,9 +19,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sqlalchemy import create_engine, text
 
 from bench.common import database_url, drop_databases, recreate_database, sqlalchemy_url
 from notifier.db import listing

@@ -52,12 +52,12 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))  # notifier and bench
 
-from bench import harness  # noqa: E402
-from bench.common import Conn  # noqa: E402
-from bench.drains import drain, workers  # noqa: E402
-from bench.harness import Bench, Line, fmt_int  # noqa: E402
-from bench.smtp_relay import RelayCounts, SmtpRelay  # noqa: E402
-from tests import esp_servers  # noqa: E402  # the providers' formats, as the tests check them
+from bench import harness
+from bench.common import Conn
+from bench.drains import drain, workers
+from bench.harness import Bench, Line, fmt_int
+from bench.smtp_relay import RelayCounts, SmtpRelay
+from tests import esp_servers  # # the providers' formats, as the tests check them
 
 #: The relay's answer time per message, and the connections it takes at once.
 RELAY_DELAY = 0.05

@@ -65,7 +65,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier, bench, tests.receiver
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import harness
 from bench.common import Conn, SetupError, run_interruptibly

@@ -34,7 +34,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import harness
 from bench.common import SetupError

@@ -47,7 +47,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import campaign_launch, ceiling, end_to_end, harness, rate_limit, webhook
 from bench.common import run_interruptibly

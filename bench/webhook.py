@@ -30,7 +30,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # notifier and bench
+# The repository first, and this folder off the path: its email.py would shadow the standard
+# library's email package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import harness
 from bench.drains import Drain, drain, workers
