@@ -16,6 +16,7 @@ from notifier.providers.mailgun import MailgunProvider
 from notifier.providers.postmark import PostmarkProvider
 from notifier.providers.sendgrid import SendGridProvider
 from notifier.settings import Settings
+from tests.factories import claimed
 
 REPO = Path(__file__).resolve().parents[2]
 ESPS = {
@@ -66,3 +67,18 @@ def test_they_send_on_the_event_loop_and_name_what_is_missing() -> None:
         problem = provider.problem()
         assert problem is not None
         assert f"NOTIFIER_{name.upper()}_" in problem
+
+
+def test_rows_share_a_request_only_when_their_content_is_the_same() -> None:
+    settings = Settings(sendgrid_api_key="SG.k", email_from="shop@shop.example")
+    provider = SendGridProvider(settings)
+
+    def key(body: str, payload: dict[str, object] | None = None) -> object:
+        row = claimed("email", "ada@example.com", subject="Hi", body=body, payload=payload or {})
+        return provider.batch_key(row)
+
+    assert key("Hi") == key("Hi")
+    assert key("Hi") != key("Hi!")
+    # a row whose html is the text "null" is not a row without html
+    assert key("Hi", {"html": "null"}) != key("Hi", {})
+    assert key("Hi", {"html": "<p>x</p>"}) != key("Hi", {})
