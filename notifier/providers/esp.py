@@ -253,18 +253,18 @@ class EspProvider(Provider):
             reply_to=reply_to,
         )
 
-    def content_key(self, n: Notification, *more: object) -> Hashable:
+    def content_key(self, n: Notification, *more: Hashable) -> Hashable:
         """What rows must share to go in one request: the sender, body, html, ``Reply-To``
         and ``more``. The texts themselves, not a digest of them: a campaign's rows are grouped
         by hashing each body once, in C, instead of encoding and digesting it."""
         headers = n.payload.get("headers") or {}
         reply_to = next((v for k, v in headers.items() if k.lower() == "reply-to"), None)
-        html = n.payload.get("html")
-        rest = json.dumps([self._settings.email_from, reply_to, *more], default=str)
         return (
+            self._settings.email_from,
             n.body or "",
-            html if isinstance(html, str) else (json.dumps(html, default=str),),  # never a str
-            rest,
+            _text_or_json(n.payload.get("html")),
+            _text_or_json(reply_to),
+            *more,
         )
 
     def _chunks(self, group: list[tuple[int, Message]]) -> Iterable[list[tuple[int, Message]]]:
@@ -378,6 +378,12 @@ class EspProvider(Provider):
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,  # answers are read raw and capped, never inflated
         )
+
+
+def _text_or_json(value: object) -> Hashable:
+    """A row's text as it is, anything else (a number, a list: refused later) as its JSON in a
+    tuple, which no text equals."""
+    return value if value is None or isinstance(value, str) else (json.dumps(value, default=str),)
 
 
 def missing(label: str, **values: str | None) -> str | None:

@@ -70,7 +70,7 @@ class MailgunProvider(EspProvider):
         if any(RECIPIENT_VARIABLE in str(text) for text in texts):
             return None
         unsubscribes = n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None
-        names = sorted(str(name).lower() for name in headers)
+        names = tuple(sorted(str(name).lower() for name in headers))
         return self.content_key(n, names, unsubscribes)
 
     def _size(self, message: Message) -> int:
