@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from notifier.providers import email_message
+from notifier.providers import email_wire
 from notifier.providers.base import InvalidNotification
 from notifier.providers.email_message import build, check_text, parse_mailbox
 
@@ -231,4 +231,4 @@ def test_messages_that_share_their_content_differ_only_in_their_own_headers() ->
     ).map("".join)
 )
 def test_a_plain_body_is_written_as_the_standard_library_writes_it(body: str) -> None:
-    assert email_message._mime_part(body, None) == email_message._stdlib_part(body, None)
+    assert email_wire.mime_part(body, None) == email_wire.stdlib_part(body, None)
