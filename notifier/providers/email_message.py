@@ -143,8 +143,8 @@ def build(
     ``sender`` goes through the standard library (once per sender); ``date`` and
     ``message_id`` are notifier's own; the rest is written by this module (see the module
     docstring). ``headers`` are extra unstructured headers; ``reply_to`` is (display name,
-    address). The MIME part (``body``, ``html``) is made by the standard library, once for
-    every message that shares it (a campaign's).
+    address). The MIME part (``body``, ``html``) is as the standard library writes it, made
+    once for every message that shares it (a campaign's).
     """
     lines = [sender_line(sender)]
     put(lines, "To", recipient, (("", recipient),))

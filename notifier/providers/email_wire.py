@@ -61,13 +61,18 @@ def put(lines: list[str], name: str, wire: str, meaning: object) -> None:
     header whatever comes after it (the next begins with a name, never with a space), so a
     message whose every header does has exactly the intended ones."""
     if not _reads_back_plainly(name, wire, meaning):
-        got = _read_alone(name, wire)
-        if got != meaning:
-            raise InvalidNotification(
-                f"the email's {name} header would read back as {got!r}, not as written; "
-                "nothing was sent"
-            )
+        _expect(name, wire, meaning)
     lines.append(f"{name}: {wire}\r\n")
+
+
+def _expect(name: str, wire: str, meaning: object) -> None:
+    """Raise unless ``name: wire``, parsed back alone, means ``meaning``."""
+    got = _read_alone(name, wire)
+    if got != meaning:
+        raise InvalidNotification(
+            f"the email's {name} header would read back as {got!r}, not as written; "
+            "nothing was sent"
+        )
 
 
 def _reads_back_plainly(name: str, wire: str, meaning: object) -> bool:
@@ -120,12 +125,7 @@ def sender_line(sender: str) -> str:
     except ValueError as exc:  # the Python may refuse it: a CR or LF that it decoded
         raise InvalidNotification(f"the sender {sender!r} cannot be written: {exc}") from None
     line = str(POLICY.fold("From", header))
-    wire = line.removeprefix("From: ").removesuffix("\r\n")
-    got = _read_alone("From", wire)
-    if got != _meaning(header):
-        raise InvalidNotification(
-            f"the email's From header would read back as {got!r}, not as written; nothing was sent"
-        )
+    _expect("From", line.removeprefix("From: ").removesuffix("\r\n"), _meaning(header))
     return line
 
 
