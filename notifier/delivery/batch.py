@@ -107,28 +107,33 @@ class Unrecorded:
         return taken
 
 
+#: How long a batch should take at the pace of the last one, when a backlog remains: long enough
+#: to claim fast rows by the thousand, short enough that a transactional row claimed by the next
+#: batch waits well under a second behind a campaign's.
+BATCH_TARGET_SECONDS = 0.5
+
+
+def claim_size(pace: float, smallest: int, largest: int) -> int:
+    """What ``pace`` rows a second send in ``BATCH_TARGET_SECONDS``, between ``smallest`` and
+    ``largest`` (``smallest`` when it is the larger)."""
+    return max(smallest, min(int(pace * BATCH_TARGET_SECONDS), max(largest, smallest)))
+
+
 @dataclass(slots=True)
 class TopUp:
     """How a batch that came back full goes on claiming while a backlog remains: each time its
-    rows are all under way and fewer than ``in_flight`` sends run, it claims what it sends in
-    ``BATCH_TARGET_SECONDS`` at its pace so far, until ``until`` (a ``time.monotonic()``
-    value) or a claim comes back short. ``on_full`` is called after every full claim."""
+    rows are all under way and fewer than ``largest`` sends run, it claims what it sends in
+    ``BATCH_TARGET_SECONDS`` at its pace so far (``claim_size``), until ``until`` (a
+    ``time.monotonic()`` value) or a claim comes back short. ``on_full`` is called after every
+    full claim."""
 
     smallest: int
     largest: int
-    in_flight: int
     until: float
     on_full: Callable[[], None]
     started: float = field(default_factory=time.monotonic)
 
     def size(self, report: BatchReport) -> int:
-        """The next claim: the rows done so far per second, times ``BATCH_TARGET_SECONDS``,
-        between ``smallest`` and ``largest``."""
+        """The next claim, at the pace of the rows done so far."""
         pace = report.done / max(time.monotonic() - self.started, 0.001)
-        return max(self.smallest, min(int(pace * BATCH_TARGET_SECONDS), self.largest))
-
-
-#: How long a batch should take at the pace of the last one, when a backlog remains: long enough
-#: to claim fast rows by the thousand, short enough that a transactional row claimed by the next
-#: batch waits well under a second behind a campaign's.
-BATCH_TARGET_SECONDS = 0.5
+        return claim_size(pace, self.smallest, self.largest)

@@ -37,7 +37,13 @@ from uuid import UUID, uuid4
 from sqlalchemy import Connection, Engine
 
 from notifier.delivery import guards as guards_module
-from notifier.delivery.batch import BATCH_TARGET_SECONDS, BatchReport, TopUp, Unrecorded
+from notifier.delivery.batch import (
+    BATCH_TARGET_SECONDS,
+    BatchReport,
+    TopUp,
+    Unrecorded,
+    claim_size,
+)
 from notifier.delivery.checks import RowCheck
 from notifier.delivery.claims import Claims
 from notifier.delivery.outcomes import Attempt, Result, explain, plan
@@ -140,9 +146,7 @@ class Dispatcher:
         """The claim after a full batch: what this process sent in ``BATCH_TARGET_SECONDS`` at
         that batch's pace, between ``batch_size`` and ``max_batch_size``."""
         pace = full.claimed / max(full.took, 0.001)
-        wanted = int(pace * BATCH_TARGET_SECONDS)
-        smallest = self.settings.batch_size
-        return max(smallest, min(wanted, max(self.settings.max_batch_size, smallest)))
+        return claim_size(pace, self.settings.batch_size, self.settings.max_batch_size)
 
     def run_once(
         self,
@@ -186,7 +190,7 @@ class Dispatcher:
         s = self.settings
         largest = max(s.max_batch_size, s.batch_size)
         until = deadline - BATCH_TARGET_SECONDS  # rows claimed later would be handed back
-        return TopUp(s.batch_size, largest, largest, until, on_full)
+        return TopUp(s.batch_size, largest, until, on_full)
 
     def close(self) -> None:
         """Release everything: the send threads, and what providers and guards keep open,
@@ -230,7 +234,7 @@ class Dispatcher:
         # Looked at again right before sending: a producer may have cancelled since the claim.
         rows = self._claims.still_wanted(token, claimed, report)
         # Templates rendered, suppressed recipients and staging overrides applied.
-        prepared, results = self._prepare(rows)
+        prepared, results = prepare_each(self.content, rows, self._durably)
         ready: list[Notification] = []
         for n in prepared:
             early = self._check(n)
@@ -246,7 +250,8 @@ class Dispatcher:
         self, token: UUID, top_up: TopUp, report: BatchReport, unrecorded: Unrecorded
     ) -> list[Notification] | None:
         """The next rows of a batch that tops itself up, ready to send; ``None`` when it stops:
-        past its time, stopping, paused, or after a claim that came back short."""
+        past its time, stopping or paused. A claim that came back short (``report.full``
+        false) is the last."""
         if self.stopping.is_set() or time.monotonic() >= top_up.until:
             return None
         try:
@@ -258,9 +263,7 @@ class Dispatcher:
         limit = top_up.size(report)
         claimed = self._claims.claim(token, limit)
         report.claim(len(claimed), limit)
-        if not report.full:
-            top_up.until = 0.0  # the backlog is claimed: this was the last
-        else:
+        if report.full:
             top_up.on_full()
         return self._ready(token, claimed, report, unrecorded)
 
@@ -291,9 +294,6 @@ class Dispatcher:
 
     def _durably(self, statements: Callable[[Connection], T]) -> T:
         return self._claims.durably(statements)
-
-    def _prepare(self, rows: list[Notification]) -> tuple[list[Notification], dict[int, Result]]:
-        return prepare_each(self.content, rows, self._durably)
 
     def _send_all(
         self,
@@ -331,9 +331,10 @@ class Dispatcher:
             if top_up is not None and not (waiting or ready):
                 if closing:
                     top_up = None
-                elif sender.running < top_up.in_flight:
+                elif sender.running < top_up.largest:
                     more = self._more(token, top_up, report, unrecorded)
-                    top_up = None if more is None else top_up
+                    # after a short claim the backlog is claimed: that one was the last
+                    top_up = top_up if more is not None and report.full else None
                     waiting = more or []
             if waiting and not closing:
                 try:
