@@ -35,6 +35,7 @@ from typing import TypeVar
 from uuid import UUID, uuid4
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from notifier.delivery import guards as guards_module
 from notifier.delivery.batch import (
@@ -261,7 +262,11 @@ class Dispatcher:
             report.paused = str(exc)
             return None
         limit = top_up.size(report)
-        claimed = self._claims.claim(token, limit)
+        try:
+            claimed = self._claims.claim(token, limit)
+        except DBAPIError as exc:  # the sends under way must still be recorded: stop claiming
+            log.warning("could not claim more for this batch: %s", exc)
+            return None
         report.claim(len(claimed), limit)
         if report.full:
             top_up.on_full()
