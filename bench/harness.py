@@ -115,6 +115,15 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
             " (default 2,000)",
         },
     ),
+    "ses_limit": (
+        ("--ses-limit",),
+        {
+            "type": positive,
+            "default": 500,
+            "help": "messages a second the SES server takes in its limited run, below what one"
+            " message a request can reach (default 500)",
+        },
+    ),
     "send_concurrency": (
         ("--send-concurrency",),
         {
@@ -265,9 +274,11 @@ class Bench:
             self.settings_used.append(f"every worker also got (--set): {extra}")
         if self.lines:
             print()
-            print(f"{'measurement':<46}{'value':<16}{'target':<16}result")
-            for line in self.lines:
-                text = f"{line.measurement:<46}{line.value:<16}{line.target:<16}{line.result}"
+            heads = ("measurement", "value", "target", "result")
+            cells = [heads, *((x.measurement, x.value, x.target, x.result) for x in self.lines)]
+            widths = [max(len(row[i]) for row in cells) + 2 for i in range(3)]
+            for row in cells:
+                text = "".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + row[3]
                 print(text.rstrip())
         print()
         for used in self.settings_used:

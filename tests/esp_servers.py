@@ -1,6 +1,6 @@
-"""SendGrid, Mailgun and Postmark on loopback: aiohttp servers that take each API's published
-request format, check every request against it (required fields, limits, credentials) and
-answer as the provider documents, per message where the provider does.
+"""SendGrid, Mailgun, Postmark and Amazon SES on loopback: aiohttp servers that take each API's
+published request format, check every request against it (required fields, limits, credentials)
+and answer as the provider documents, per message where the provider does.
 
 Every request is recorded; what breaks the published format goes in ``violations`` (and is
 refused with a 400 in the provider's error format), so a test can assert that notifier never
@@ -15,12 +15,18 @@ address once); Mailgun ``POST /v3/{domain}/messages`` (basic auth ``api:KEY``, 2
 ``{"id", "message"}``, 400 ``{"message"}``, batch sends of up to 1000 ``to`` with
 ``recipient-variables``); Postmark ``POST /email`` and ``/email/batch``
 (``X-Postmark-Server-Token``,
-500 messages and 50 MB a batch, ``ErrorCode`` per message, 422 for a single send's error).
+500 messages and 50 MB a batch, ``ErrorCode`` per message, 422 for a single send's error); SES v2
+``SendEmail`` (``POST /v2/email/outbound-emails``, a SigV4 ``Authorization``, the request checked
+against the ``SendEmailRequest`` shape of the service model the AWS SDK ships, a raw message of
+at most 40 MB; 200 ``{"MessageId"}``, errors named by ``x-amzn-ErrorType``). The SES tests talk
+to moto (``tests.ses_server``); this server is for the benchmark's slowed answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import json
 import re
 import threading
@@ -28,9 +34,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email import policy
+from email.parser import BytesParser
 from typing import Any
 from urllib.parse import parse_qsl
 
+import botocore.session
 from aiohttp import web
 
 SENDGRID_KEY = "SG.test-key"
@@ -122,6 +131,10 @@ class EspServer:
 def _refusal(
     kind: str, status: int, message: str, code: int = 300
 ) -> tuple[int, dict[str, str], bytes]:
+    if kind == "ses":
+        name = "TooManyRequestsException" if status == 429 else "BadRequestException"
+        headers = {"Content-Type": "application/json", "x-amzn-ErrorType": name}
+        return status, headers, json.dumps({"message": message}).encode()
     doc: Any = {
         "sendgrid": {"errors": [{"message": message, "field": None}]},
         "mailgun": {"message": message},
@@ -208,8 +221,6 @@ def _sendgrid(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], by
 
 
 def _mailgun(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], bytes]:
-    import base64
-
     expected = "Basic " + base64.b64encode(f"api:{MAILGUN_KEY}".encode()).decode()
     if request.headers.get("Authorization") != expected:
         return 401, {}, b"Forbidden"
@@ -332,10 +343,101 @@ def _postmark(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], by
     return status, json_type, json.dumps(answers[0]).encode()
 
 
+# -- Amazon SES v2 -------------------------------------------------------------------------------
+
+
+def _ses(request: web.Request, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+    if not request.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256 Credential="):
+        return 403, {"x-amzn-ErrorType": "MissingAuthenticationTokenException"}, b"{}"
+    _require(request.path == "/v2/email/outbound-emails", "unknown path")
+    doc = json.loads(seen.body)
+    _conforms(_ses_request_shape(), doc, "SendEmailRequest")
+    raw = doc["Content"].get("Raw")
+    _require(isinstance(raw, dict), "Content.Raw: notifier sends the message it built")
+    data = base64.b64decode(raw["Data"], validate=True)
+    _require(len(data) <= 40 * 1024 * 1024, "at most 40 MB a raw message")
+    message = BytesParser(policy=policy.default).parsebytes(data)
+    destination = doc.get("Destination", {}).get("ToAddresses") or [str(message["To"])]
+    _require(len(destination) <= 50, "at most 50 recipients a message")
+    text = message.get_body(("plain",))
+    html = message.get_body(("html",))
+    seen.messages.append(
+        {
+            "to": destination[0],
+            "subject": message["Subject"],
+            "headers": {k: str(v) for k, v in message.items()},
+            "metadata": {t["Name"]: t["Value"] for t in doc.get("EmailTags", [])},
+            "text": text.get_content() if text is not None else None,
+            "html": html.get_content() if html is not None else None,
+        }
+    )
+    if _bad(destination[0]):
+        return _refusal("ses", 400, "Illegal address")
+    answer = {"MessageId": f"0100{uuid.uuid4().hex}-000000"}
+    return 200, {"Content-Type": "application/json"}, json.dumps(answer).encode()
+
+
+@functools.cache
+def _ses_request_shape() -> Any:
+    """``SendEmailRequest`` as the AWS SDK's own service model for SES v2 defines it."""
+    model = botocore.session.get_session().get_service_model("sesv2")
+    return model.operation_model("SendEmail").input_shape
+
+
+_SCALARS: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "blob": str,
+    "boolean": bool,
+    "integer": int,
+    "long": int,
+    "timestamp": (int, float, str),
+}
+
+
+def _conforms(shape: Any, value: object, path: str) -> None:
+    """``value`` is what ``shape`` of the service model allows: members known and typed,
+    required ones present, lengths within the model's bounds, enums among their values."""
+    kind = shape.type_name
+    low, high = shape.metadata.get("min"), shape.metadata.get("max")
+    if kind == "structure":
+        _require(isinstance(value, dict), f"{path} must be an object")
+        assert isinstance(value, dict)
+        for name in shape.required_members:
+            _require(name in value, f"{path}.{name} is required")
+        for name, member in value.items():
+            _require(name in shape.members, f"{path}.{name} is not a member")
+            _conforms(shape.members[name], member, f"{path}.{name}")
+        return
+    if kind == "list":
+        _require(isinstance(value, list), f"{path} must be an array")
+        assert isinstance(value, list)
+        size = len(value)
+        for i, item in enumerate(value):
+            _conforms(shape.member, item, f"{path}.{i}")
+    elif kind == "map":
+        _require(isinstance(value, dict), f"{path} must be an object")
+        assert isinstance(value, dict)
+        size = len(value)
+        for k, v in value.items():
+            _conforms(shape.key, k, f"{path} key")
+            _conforms(shape.value, v, f"{path}.{k}")
+    else:
+        _require(isinstance(value, _SCALARS[kind]), f"{path} must be a {kind}")
+        size = len(value) if isinstance(value, str) else 0
+        enum = getattr(shape, "enum", None)  # only a string shape has one
+        if enum:
+            _require(value in enum, f"{path} must be one of {enum}")
+        if kind not in ("string", "blob"):
+            return
+    _require(low is None or size >= low, f"{path}: at least {low}")
+    _require(high is None or size <= high, f"{path}: at most {high}")
+
+
 _READERS: dict[str, Callable[[web.Request, Seen], tuple[int, dict[str, str], bytes]]] = {
     "sendgrid": _sendgrid,
     "mailgun": _mailgun,
     "postmark": _postmark,
+    "ses": _ses,
 }
 
 

@@ -20,6 +20,7 @@ from email import message_from_bytes
 from email.policy import default as default_policy
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -38,6 +39,7 @@ from notifier.providers.base import Permanent, Retry, Sent
 from notifier.providers.email import EmailProvider
 from notifier.providers.ses import DEPLOYMENT_PAUSE_SECONDS, SesProvider
 from notifier.settings import Settings, get_settings
+from tests.esp_servers import running
 from tests.factories import MakeRow, SetEnv, claimed
 from tests.raw_server import RawServer, silence
 from tests.ses_server import Recorder, moto_ses, recording, reset, stored
@@ -530,3 +532,55 @@ def test_an_ses_event_built_from_what_the_send_produced_finds_its_row(
     with engine.begin() as conn:
         states = conn.execute(text("SELECT delivery_status FROM notifications ORDER BY id")).all()
     assert [s for (s,) in states] == ["bounced"] * 3
+
+
+# -- the benchmark's SES server ------------------------------------------------------------------
+
+
+def test_the_benchmarks_ses_server_takes_what_the_sdk_sends_and_throttles_as_ses_does(
+    make_provider: MakeProvider,
+) -> None:
+    """``bench/email.py`` measures SES against ``esp_servers``' SES of the published format, not
+    moto: what the provider sends passes its check against the SDK's own service model, the row
+    is found by its tag, and the server's rate limit reads as SES's throttle."""
+    with running("ses") as server:
+        provider = make_provider(server.url)
+        sent = provider.send(notification(7, "ann@example.com"))
+        assert isinstance(sent, Sent)
+        assert (sent.provider_message_id or "").startswith("0100")
+        (taken,) = server.taken
+        assert (taken["to"], taken["metadata"]) == ("ann@example.com", {"notifier_id": "7"})
+        assert taken["subject"] == "Your code: SPRING-25 ✓"
+        assert taken["headers"]["X-Notifier-Id"] == "7"
+        server.limit = 0.5  # less than one message in the bucket: the next is refused
+        throttled = provider.send(notification(8))
+        assert isinstance(throttled, Retry)
+        assert throttled.throttled, throttled
+        assert "TooManyRequestsException" in throttled.error
+        assert server.violations == []
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"Content": {"Raw": {"Data": "aGk="}}, "Unknown": 1}, "SendEmailRequest.Unknown"),
+        ({"Content": {"Raw": {}}}, "SendEmailRequest.Content.Raw.Data is required"),
+        ({"Content": {"Raw": {"Data": "aGk="}}, "EmailTags": "x"}, "must be an array"),
+        ({"Content": {"Raw": {"Data": "aGk="}}, "FromEmailAddress": 3}, "must be a string"),
+        ({"Content": {"Raw": {"Data": "%%%"}}}, "base64"),
+    ],
+)
+def test_the_benchmarks_ses_server_refuses_a_request_off_the_model(
+    body: dict[str, Any], says: str
+) -> None:
+    with running("ses") as server:
+        answer = httpx.post(
+            server.url + "/v2/email/outbound-emails",
+            json=body,
+            headers={"Authorization": "AWS4-HMAC-SHA256 Credential=AKID/x"},
+            timeout=5,
+        )
+    assert answer.status_code == 400
+    assert answer.headers["x-amzn-ErrorType"] == "BadRequestException"
+    (violation,) = server.violations
+    assert says in violation
