@@ -23,15 +23,30 @@ POOL_SIZE, POOL_OVERFLOW = 2, 2
 @lru_cache(maxsize=1)
 def engine() -> Engine:
     """The process's engine, created on first use (after a prefork worker has forked)."""
-    return make_engine(get_settings().database_url)
+    return make_engine(get_settings().database_url, ping=_pinging)
+
+
+#: Whether this process's engine pings a connection before handing it out (``without_ping``).
+_pinging = True
+
+
+def without_ping() -> None:
+    """From now on, this process's engine hands its connections out without a ping: for a
+    worker process, whose statements on the hot path run again when their connection turns
+    out dead (``notifier.delivery.durable``), and to which a ping is one more round trip per
+    statement. A process that answers people (the console, the events endpoint) keeps it."""
+    global _pinging
+    _pinging = False
+    dispose_engine()
 
 
 #: Seconds a connection attempt may take, unless the URL's ``connect_timeout`` says otherwise.
 CONNECT_TIMEOUT = 10
 
 
-def make_engine(url: str) -> Engine:
-    """An engine whose connections read any timestamp a producer can write."""
+def make_engine(url: str, *, ping: bool = True) -> Engine:
+    """An engine whose connections read any timestamp a producer can write; with ``ping``,
+    each connection is pinged before it is handed out, and replaced if it is dead."""
     connect_args: dict[str, Any] = {"application_name": "notifier"}
     if "connect_timeout" not in make_url(url).query:  # connect_args would override the URL's
         connect_args["connect_timeout"] = CONNECT_TIMEOUT
@@ -39,7 +54,7 @@ def make_engine(url: str) -> Engine:
         url,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
-        pool_pre_ping=True,  # a connection killed by a database restart is replaced, not used
+        pool_pre_ping=ping,  # a connection killed by a database restart is replaced, not used
         pool_recycle=1800,
         connect_args=connect_args,
     )

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+import psycopg
 from sqlalchemy import Connection, text
 
 from notifier.db.engine import driver
@@ -82,7 +83,8 @@ CLAIM_PLAN = "SET LOCAL enable_sort = off"
 # of the whole table, or a nested loop that runs the group's ``unnest`` once per row of the
 # batch - instead of looking each of the group's rows up by its key. Without those two scans
 # to choose, the key lookups are the only cheap plan, whatever the table's size or statistics.
-RECORD_PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+# One statement each: a pipeline sends no statement lists.
+RECORD_PLAN = ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off")
 
 # One guarded statement records a whole group of outcomes, from parallel arrays (as River's
 # JobSetStateIfRunningMany does with its ``state text[]``): each row's way out of
@@ -94,7 +96,7 @@ RECORD_PLAN = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off
 # ``last_error``: an earlier attempt's error stays in the history, not beside ``sent``. A
 # deferred row gives its attempt back and counts a deferral instead; the history keeps the
 # attempt's number.
-RECORD_OUTCOMES = text(
+RECORD_OUTCOMES = for_driver(
     """
     WITH changed AS (
         UPDATE notifications AS n
@@ -231,6 +233,20 @@ def claim_due(
     No row can make the claim fail: what cannot be read of a row (see ``_RETURNING``) comes
     back as its ``defect``, and the dispatcher gives that row up alone.
     """
+    with send_claim(driver(conn), limit, lease_seconds, token, worker, limits) as cur:
+        return claimed(cur)
+
+
+def send_claim(
+    conn: psycopg.Connection[Any],
+    limit: int,
+    lease_seconds: float,
+    token: UUID,
+    worker: str,
+    limits: ReadLimits = ReadLimits(),
+) -> psycopg.Cursor[Notification]:
+    """``claim_due``'s statements, executed on the driver's connection (queued, in a
+    ``trips.one_trip``): its cursor, for ``claimed`` to read."""
 
     def notification(values: Sequence[Any]) -> Notification:
         (id_, channel, recipient, subject, body, body_bytes, payload, payload_bytes, attempts,
@@ -244,11 +260,17 @@ def claim_due(
         )  # fmt: skip
 
     params = claim_parameters(token, worker, lease_seconds, limit, limits)
-    with driver(conn).cursor(row_factory=lambda _cursor: notification) as cur:
-        cur.execute(CLAIM_PLAN)
-        claimed = cur.execute(CLAIM_DUE, params).fetchall()
-    claimed.sort(key=lambda n: (-n.priority, n.id))
-    return claimed
+    conn.execute(CLAIM_PLAN)
+    cur = conn.cursor(row_factory=lambda _cursor: notification)
+    cur.execute(CLAIM_DUE, params)
+    return cur
+
+
+def claimed(cur: psycopg.Cursor[Notification]) -> list[Notification]:
+    """The rows a claim's cursor holds, by priority, then id."""
+    rows = cur.fetchall()
+    rows.sort(key=lambda n: (-n.priority, n.id))
+    return rows
 
 
 def record_outcomes(
@@ -257,8 +279,20 @@ def record_outcomes(
     """Each row still held by ``token`` leaves ``processing`` as its ``Decision`` says, in one
     statement; how many rows it changed. With ``worker`` named, the changed rows' attempts are
     appended to ``notification_attempts`` by the same statement."""
+    cur = send_record(driver(conn), token, outcomes, worker)
+    return recorded(cur)
+
+
+def send_record(
+    conn: psycopg.Connection[Any],
+    token: UUID,
+    outcomes: Sequence[Decision],
+    worker: str | None = None,
+) -> psycopg.Cursor[Any] | None:
+    """``record_outcomes``' statements, executed on the driver's connection (queued, in a
+    ``trips.one_trip``): its cursor for ``recorded``, or ``None`` when there is nothing."""
     if not outcomes:
-        return 0
+        return None
     sent = AttemptOutcome.sent
     params = {
         "token": token,
@@ -276,8 +310,15 @@ def record_outcomes(
         "sent_at": _column(number_array, [d.sent_at for d in outcomes]),
         "durations": _column(number_array, [d.duration_ms for d in outcomes]),
     }
-    driver(conn).execute(RECORD_PLAN)
-    return int(conn.execute(RECORD_OUTCOMES, params).scalar_one())
+    for setting in RECORD_PLAN:
+        conn.execute(setting)
+    return conn.execute(RECORD_OUTCOMES, params)
+
+
+def recorded(cur: psycopg.Cursor[Any] | None) -> int:
+    """How many rows a ``send_record`` changed."""
+    found = cur.fetchone() if cur is not None else None
+    return int(found[0]) if found is not None else 0
 
 
 def _column(literal: Callable[[list[V]], str], values: list[V]) -> str:

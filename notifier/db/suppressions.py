@@ -21,10 +21,13 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, text
 
-from notifier.db.sql import columns
+from notifier.db.engine import driver
+from notifier.db.sql import columns, for_driver
 
 # The batch's rows travel as one JSON object, {channel: [[recipient, category], ...]}: psycopg
 # adapts a text[] an element at a time in Python (milliseconds for a batch of 500), json.dumps
@@ -57,7 +60,7 @@ SUPPRESSED = text(
     """
 )
 
-SUPPRESS_MANY = text(
+SUPPRESS_MANY = for_driver(
     """
     INSERT INTO suppressions (channel, recipient, reason, kind)
     SELECT * FROM unnest(CAST(:channels AS text[]), CAST(:recipients AS text[]),
@@ -146,11 +149,24 @@ def suppressed(conn: Connection, rows: Iterable[Addressee]) -> dict[Addressee, s
 def suppress_many(conn: Connection, entries: Iterable[tuple[str, str, str, str]]) -> int:
     """Add (channel, recipient, reason, kind) entries; those already there keep their first
     reason and kind. Returns how many were new."""
+    return added(send_suppress_many(driver(conn), entries))
+
+
+def send_suppress_many(
+    conn: psycopg.Connection[Any], entries: Iterable[tuple[str, str, str, str]]
+) -> psycopg.Cursor[Any] | None:
+    """``suppress_many``'s statement, executed on the driver's connection (queued, in a
+    ``trips.one_trip``): its cursor for ``added``, or ``None`` when there is no entry."""
     channels, recipients, reasons, kinds = columns(entries, 4)
     if not channels:
-        return 0
+        return None
     params = {"channels": channels, "recipients": recipients, "reasons": reasons, "kinds": kinds}
-    return int(conn.execute(SUPPRESS_MANY, params).rowcount)
+    return conn.execute(SUPPRESS_MANY, params)
+
+
+def added(cur: psycopg.Cursor[Any] | None) -> int:
+    """How many entries a ``send_suppress_many`` added."""
+    return 0 if cur is None else int(cur.rowcount)
 
 
 # --- what operators use --------------------------------------------------------------------------

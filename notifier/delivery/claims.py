@@ -1,9 +1,13 @@
 """A batch's rows in the database between their claim and their record: the claim, the looks
 before sending (cancelled since? campaign paused?), and handing rows back unsent.
 
-Every statement but the claim runs until it commits (``durable.until_committed``): the rows are
-this worker's until their lease ends, and what it decided about them must not be lost to a
-database that went away for a moment.
+Each step is one round trip: the claim is a transaction sent whole (``trips.one_trip``), the
+others are single statements in autocommit. Every statement but the claim runs until it is done
+(``durable.each_until_done``): the rows are this worker's until their lease ends, and what it
+decided about them must not be lost to a database that went away for a moment. The claim is
+tried again only for ``CLAIM_RETRY_SECONDS``, past a connection that turned out dead (no ping
+precedes it): a claim lost with its connection claimed rows that nobody sends, which wait for
+the rescue, never rows sent twice.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ from uuid import UUID
 from sqlalchemy import Connection, Engine
 
 from notifier.db import queue
+from notifier.db.trips import one_trip
 from notifier.delivery.batch import BatchReport
-from notifier.delivery.durable import until_committed
+from notifier.delivery.durable import each_until_done, until_done
 from notifier.delivery.outcomes import Cancelled, Result
 from notifier.models import Notification
 from notifier.providers import Retry
 from notifier.settings import Settings
 
 T = TypeVar("T")
+
+#: How long a claim is tried again while its connection turns out dead.
+CLAIM_RETRY_SECONDS = 2.0
 
 
 class Claims:
@@ -36,21 +44,21 @@ class Claims:
         self._read_limits = queue.ReadLimits(settings.max_body_bytes, settings.max_payload_bytes)
 
     def durably(self, statements: Callable[[Connection], T]) -> T:
-        """``statements`` in a transaction run again until it commits (``durable``)."""
-        return until_committed(self.engine, statements, within=self._lease)
+        """``statements``, each in autocommit, run again until done (``durable``)."""
+        return each_until_done(self.engine, statements, within=self._lease)
 
     def claim(self, token: UUID, limit: int) -> list[Notification]:
         """Up to ``limit`` due rows, marked ``processing`` under ``token``, their attempt
         counted, in one short transaction."""
-        with self.engine.begin() as conn:
-            return queue.claim_due(
-                conn,
-                limit=limit,
-                lease_seconds=self._lease,
-                token=token,
-                worker=self.worker,
-                limits=self._read_limits,
-            )
+
+        def claim() -> list[Notification]:
+            with one_trip(self.engine) as trip:
+                cur = queue.send_claim(
+                    trip, limit, self._lease, token, self.worker, self._read_limits
+                )
+            return queue.claimed(cur)
+
+        return until_done(claim, within=CLAIM_RETRY_SECONDS)
 
     def still_wanted(
         self, token: UUID, rows: list[Notification], report: BatchReport

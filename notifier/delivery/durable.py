@@ -25,12 +25,34 @@ T = TypeVar("T")
 def until_committed(engine: Engine, statements: Callable[[Connection], T], *, within: float) -> T:
     """``statements`` in one transaction, run again while the database is away, for at most
     ``within`` seconds; what they returned."""
+
+    def transaction() -> T:
+        with engine.begin() as conn:
+            return statements(conn)
+
+    return until_done(transaction, within=within)
+
+
+def each_until_done(engine: Engine, statements: Callable[[Connection], T], *, within: float) -> T:
+    """``statements``, each its own transaction (autocommit: no ``BEGIN`` or ``COMMIT`` to wait
+    for), run again while the database is away, as ``until_committed``. For reads, and for
+    writes of one statement."""
+
+    def autocommitted() -> T:
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            return statements(conn)
+
+    return until_done(autocommitted, within=within)
+
+
+def until_done(work: Callable[[], T], *, within: float) -> T:
+    """``work``, run again while the database is away, for at most ``within`` seconds."""
     deadline = time.monotonic() + within
     delay = 0.1
     while True:
         try:
-            with engine.begin() as conn:
-                return statements(conn)
+            return work()
         except (OperationalError, InterfaceError) as exc:  # connection lost, db restarting
             if time.monotonic() + delay >= deadline:
                 raise

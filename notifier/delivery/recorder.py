@@ -1,5 +1,6 @@
 """Recording a batch's decisions: their transitions, their history and their suppressions in one
-short transaction, run until it commits, so that a send that happened is not forgotten.
+short transaction sent in one round trip (``trips.one_trip``), run until it commits, so that a
+send that happened is not forgotten.
 
 A write that fails because the database went away is retried until the lease runs out (the
 rescue owns the rows after that; see ``durable``). A write the database refuses for its data is
@@ -16,7 +17,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from notifier.db import queue, suppressions
-from notifier.delivery.durable import until_committed
+from notifier.db.trips import one_trip
+from notifier.delivery.durable import until_committed, until_done
 from notifier.delivery.outcomes import Plan
 from notifier.models import Decision, truncate
 
@@ -35,13 +37,16 @@ class Recorder:
     def record(self, token: UUID, decided: Plan) -> int:
         """Record ``decided`` for the rows ``token`` still holds; how many it changed."""
 
-        def statements(c: Connection) -> int:
-            changed = queue.record_outcomes(c, token, decided.decisions, self.worker)
-            record_suppressions(c, decided.decisions)
-            return changed
+        def statements() -> int:
+            decisions = decided.decisions
+            with one_trip(self.engine) as trip:  # the outcomes and suppressions, one round trip
+                changed = queue.send_record(trip, token, decisions, self.worker)
+                added = suppressions.send_suppress_many(trip, _suppressions(decisions))
+            _log_suppressed(suppressions.added(added))
+            return queue.recorded(changed)
 
         try:
-            return until_committed(self.engine, statements, within=self.within)
+            return until_done(statements, within=self.within)
         except (OperationalError, InterfaceError):
             raise  # the database is gone for longer than the lease: the rescue owns the rows
         except DBAPIError as exc:  # refused for the data: find the row, record the rest
@@ -75,7 +80,14 @@ class Recorder:
 def record_suppressions(conn: Connection, decisions: Sequence[Decision]) -> int:
     """Suppress the recipients that decisions carry (a provider refused them for good); how
     many were new."""
-    added = suppressions.suppress_many(conn, [d.suppress for d in decisions if d.suppress])
+    return _log_suppressed(suppressions.suppress_many(conn, _suppressions(decisions)))
+
+
+def _suppressions(decisions: Sequence[Decision]) -> list[tuple[str, str, str, str]]:
+    return [d.suppress for d in decisions if d.suppress]
+
+
+def _log_suppressed(added: int) -> int:
     if added:
         log.info("suppressed %d recipients after hard bounces", added)
     return added

@@ -194,7 +194,7 @@ def _after_fork(**_: Any) -> None:
     """A forked worker process must not share its parent's database or Redis sockets."""
     global _heartbeat
     _heartbeat = None  # the parent's, if it had one, did not survive the fork
-    db.dispose_engine()
+    db.without_ping()  # and forgets the parent's engine
     dispatcher.cache_clear()
     redis_client.cache_clear()
     try:  # load the providers now, not in the first dispatch (whose sends it would delay)

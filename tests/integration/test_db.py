@@ -216,7 +216,8 @@ def test_a_group_of_outcomes_is_written_by_key_lookups(engine: Engine) -> None:
         **dict.fromkeys(columns, "{}"),
     }
     with engine.begin() as conn:
-        driver(conn).execute(queue.RECORD_PLAN)
+        for setting in queue.RECORD_PLAN:
+            driver(conn).execute(setting)
         plan = _plan(conn, queue.RECORD_OUTCOMES, params)
         changed = queue.record_outcomes(conn, token, group, "w")
     assert "Index Scan using notifications_pkey on notifications n" in plan, plan

@@ -1,0 +1,121 @@
+"""A TCP proxy in front of PostgreSQL that counts round trips as they happen on the wire.
+
+A round trip is a turn of the conversation: the client sends, then waits for the server's
+answer. On each connection the proxy counts the times the client starts sending after the
+server has spoken (or first), so a statement sent on its own is one, and statements sent
+together in one flight (a pipeline, or several in one simple query) are one as well. A
+``BEGIN``, a ``COMMIT``, a ping or a ``SET`` sent on its own each count, as they each cost a
+wait for the server: what a network hop between a worker and its database multiplies.
+
+Bytes are relayed unchanged; TLS is not spoken (the tests' URLs say ``sslmode=disable``).
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import make_url
+
+
+@dataclass
+class Turns:
+    """What the proxy saw: round trips over every connection since the last ``reset``."""
+
+    trips: int = 0
+    connections: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.trips = 0
+
+    def count(self) -> int:
+        with self._lock:
+            return self.trips
+
+    def _trip(self) -> None:
+        with self._lock:
+            self.trips += 1
+
+
+class _Pair:
+    """One client connection and its connection to the server."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client, self.server = client, server
+        self.client_turn = False  # the client spoke last
+
+
+@contextmanager
+def counting(url: str) -> Iterator[tuple[str, Turns]]:
+    """A proxy to the PostgreSQL of ``url``; yields the URL through it and its counts."""
+    target = make_url(url)
+    upstream = (target.host or "127.0.0.1", target.port or 5432)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    turns = Turns()
+    stop = threading.Event()
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    pairs: list[_Pair] = []
+
+    def close(pair: _Pair) -> None:
+        for s in (pair.client, pair.server):
+            with suppress(KeyError, ValueError):
+                selector.unregister(s)
+            s.close()
+        if pair in pairs:
+            pairs.remove(pair)
+
+    def relay(pair: _Pair, source: socket.socket) -> None:
+        try:
+            data = source.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            close(pair)
+            return
+        from_client = source is pair.client
+        if from_client and not pair.client_turn:
+            turns._trip()
+        pair.client_turn = from_client
+        (pair.server if from_client else pair.client).sendall(data)
+
+    def loop() -> None:
+        while not stop.is_set():
+            for key, _ in selector.select(timeout=0.1):
+                if key.data is None:
+                    client, _address = listener.accept()
+                    server = socket.create_connection(upstream, timeout=10)
+                    for s in (client, server):
+                        s.setblocking(True)
+                        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    pair = _Pair(client, server)
+                    pairs.append(pair)
+                    turns.connections += 1
+                    selector.register(client, selectors.EVENT_READ, (pair, client))
+                    selector.register(server, selectors.EVENT_READ, (pair, server))
+                else:
+                    pair, source = key.data
+                    relay(pair, source)
+
+    thread = threading.Thread(target=loop, daemon=True, name="turn-proxy")
+    thread.start()
+    through = target.set(host="127.0.0.1", port=port)
+    query = dict(through.query)
+    query["sslmode"] = "disable"
+    try:
+        yield through.set(query=query).render_as_string(hide_password=False), turns
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for pair in list(pairs):
+            close(pair)
+        selector.close()
+        listener.close()
