@@ -324,7 +324,7 @@ def scaling(bench: Bench) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = harness.parser(__doc__, ["rows", "set", "keep"])
+    parser = harness.parser(__doc__, ["rows", "set", "keep", "round_trip"])
     parser.add_argument("--batch", type=harness.positive, default=500, help="batch of (a), (b)")
     parser.add_argument(
         "--processes", type=harness.positive, default=2, help="processes of (a), (b), (c)"
@@ -337,7 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = harness.parse(parser, argv)
     measure = scaling if args.scaling else compare
-    return run_interruptibly(lambda a: harness.run("against the field", REDIS, a, [measure]), args)
+    return harness.with_round_trips(args, argv, lambda: run_interruptibly(
+        lambda a: harness.run("against the field", REDIS, a, [measure]), args
+    ))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 import redis
 
+from bench import testhost
 from bench.common import (
     POSTGRES,
     SetupError,
@@ -73,6 +74,17 @@ def levels(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r}: expected e.g. 1,2,4") from None
     if not numbers or min(numbers) < 1:
         raise argparse.ArgumentTypeError(f"{value!r}: expected positive integers, e.g. 1,2,4")
+    return numbers
+
+
+def milliseconds(value: str) -> list[float]:
+    """A comma-separated list of positive numbers of milliseconds, e.g. ``0.6,2``."""
+    try:
+        numbers = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected e.g. 0.6,2") from None
+    if not numbers or min(numbers) <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected positive milliseconds, e.g. 2")
     return numbers
 
 
@@ -160,6 +172,17 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
             " --set BATCH_SIZE=500 or --set RECORD_ATTEMPTS=false",
         },
     ),
+    "round_trip": (
+        ("--round-trip",),
+        {
+            "type": milliseconds,
+            "default": [],
+            "metavar": "MS[,MS...]",
+            "help": "after the run on loopback, run again against a PostgreSQL on a test host"
+            " this many milliseconds away, for each one given (needs root and the netdelay"
+            " tools: bench/testhost.py)",
+        },
+    ),
     "keep": (
         ("--keep",),
         {"action": "store_true", "help": "keep the databases, Redis db and logs afterwards"},
@@ -195,8 +218,23 @@ def main(
     argv: Sequence[str] | None = None,
 ) -> int:
     """A benchmark script's ``main``: parse ``options``, run ``measures``."""
-    args = parse(parser(doc, options), argv)
-    return run_interruptibly(lambda a: run(title, redis_url, a, measures), args)
+    args = parse(parser(doc, [*options, "round_trip"]), argv)
+    return with_round_trips(args, argv, lambda: run_interruptibly(
+        lambda a: run(title, redis_url, a, measures), args
+    ))  # fmt: skip
+
+
+def with_round_trips(
+    args: argparse.Namespace, argv: Sequence[str] | None, run_here: Callable[[], int]
+) -> int:
+    """``run_here()``, and with ``--round-trip``, the script again against test hosts that far
+    away (``bench.testhost``)."""
+    if not args.round_trip:
+        return run_here()
+    given = list(sys.argv[1:] if argv is None else argv)
+    script = str(Path(sys.argv[0]).resolve())
+    again = [script, *testhost.without_round_trip(given)]
+    return testhost.with_round_trips(args.round_trip, again, run_here)
 
 
 # --- one run -----------------------------------------------------------------------------------

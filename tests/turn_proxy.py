@@ -28,19 +28,35 @@ class Turns:
 
     trips: int = 0
     connections: int = 0
+    #: the first bytes each round trip sent (its statement's text, mostly), to say which they were
+    starts: list[bytes] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self._lock:
             self.trips = 0
+            self.starts = []
+
+    def said(self) -> list[str]:
+        """What each round trip since the last ``reset`` began with, as readable text."""
+        with self._lock:
+            return [_readable(start) for start in self.starts]
 
     def count(self) -> int:
         with self._lock:
             return self.trips
 
-    def _trip(self) -> None:
+    def _trip(self, data: bytes) -> None:
         with self._lock:
             self.trips += 1
+            if len(self.starts) < 10_000:
+                self.starts.append(data[:200])
+
+
+def _readable(data: bytes) -> str:
+    """The printable runs of a protocol message, e.g. ``P BEGIN B E S``."""
+    text = "".join(chr(b) if 32 <= b < 127 else " " for b in data)
+    return " ".join(text.split())[:120]
 
 
 class _Pair:
@@ -83,7 +99,7 @@ def counting(url: str) -> Iterator[tuple[str, Turns]]:
             return
         from_client = source is pair.client
         if from_client and not pair.client_turn:
-            turns._trip()
+            turns._trip(data)
         pair.client_turn = from_client
         (pair.server if from_client else pair.client).sendall(data)
 

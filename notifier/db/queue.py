@@ -140,7 +140,7 @@ RECORD_OUTCOMES = for_driver(
 # their key alone. Filtering on ``status = 'processing'`` once let the planner join the key
 # with the lease index, which keeps an entry for every row version ever claimed until a
 # vacuum: a look grew from 2 to 15 us a row over a million-row drain.
-RECHECK = text(
+RECHECK = for_driver(
     """
     SELECT n.id, n.status = 'processing' AND n.claim_token = :token AS held,
            coalesce(c.status = 'paused', false) AS paused
@@ -329,11 +329,22 @@ def _column(literal: Callable[[list[V]], str], values: list[V]) -> str:
 def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
     """Of these claimed rows: those still held by this claim (not cancelled meanwhile), and
     among them those whose campaign is paused."""
+    return rechecked(send_recheck(driver(conn), token, ids))
+
+
+def send_recheck(
+    conn: psycopg.Connection[Any], token: UUID, ids: Iterable[int]
+) -> psycopg.Cursor[Any]:
+    """``recheck``'s statement, executed on the driver's connection (queued, in a
+    ``trips.one_trip``): its cursor, for ``rechecked``."""
+    return conn.execute(RECHECK, {"token": token, "ids": number_array(ids)})
+
+
+def rechecked(cur: psycopg.Cursor[Any]) -> tuple[set[int], set[int]]:
+    """What a ``send_recheck`` found: the rows still held, and the held ones paused."""
     held: set[int] = set()
     paused: set[int] = set()
-    for row_id, is_held, is_paused in conn.execute(
-        RECHECK, {"token": token, "ids": number_array(ids)}
-    ).all():
+    for row_id, is_held, is_paused in cur.fetchall():
         if is_held:
             held.add(int(row_id))
             if is_paused:

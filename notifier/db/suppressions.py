@@ -37,7 +37,7 @@ from notifier.db.sql import columns, for_driver
 # category_opt_outs; the LIMIT keeps the planner from flattening the last subquery into a join
 # it might hash, whatever it guesses about the JSON's size, and stops at the first probe that
 # finds an entry.
-SUPPRESSED = text(
+SUPPRESSED = for_driver(
     """
     SELECT c.key, r.recipient, r.category, s.reason
       FROM jsonb_each(CAST(:rows AS jsonb)) AS c
@@ -134,13 +134,26 @@ Addressee = tuple[str, str, str | None]
 
 def suppressed(conn: Connection, rows: Iterable[Addressee]) -> dict[Addressee, str]:
     """Of these (channel, recipient, category) rows, the suppressed ones, with the reasons."""
+    return found_suppressed(send_suppressed(driver(conn), rows))
+
+
+def send_suppressed(
+    conn: psycopg.Connection[Any], rows: Iterable[Addressee]
+) -> psycopg.Cursor[Any] | None:
+    """``suppressed``'s statement, executed on the driver's connection (queued, in a
+    ``trips.one_trip``): its cursor for ``found_suppressed``, or ``None`` without rows."""
     by_channel: dict[str, dict[tuple[str, str | None], None]] = {}
     for channel, recipient, category in rows:
         by_channel.setdefault(channel, {})[recipient, category] = None
     if not by_channel:
-        return {}
+        return None
     batch = json.dumps({channel: list(rs) for channel, rs in by_channel.items()})
-    found = conn.execute(SUPPRESSED, {"rows": batch}).all()
+    return conn.execute(SUPPRESSED, {"rows": batch})
+
+
+def found_suppressed(cur: psycopg.Cursor[Any] | None) -> dict[Addressee, str]:
+    """What a ``send_suppressed`` found: each suppressed row's reason."""
+    found = cur.fetchall() if cur is not None else []
     return {
         (channel, recipient, category): reason for channel, recipient, category, reason in found
     }

@@ -19,7 +19,8 @@ from uuid import UUID
 
 from sqlalchemy import Connection, Engine
 
-from notifier.db import queue
+from notifier.db import queue, suppressions
+from notifier.db.suppressions import Addressee
 from notifier.db.trips import one_trip
 from notifier.delivery.batch import BatchReport
 from notifier.delivery.durable import each_until_done, until_done
@@ -60,11 +61,40 @@ class Claims:
 
         return until_done(claim, within=CLAIM_RETRY_SECONDS)
 
+    def first_look(
+        self, token: UUID, rows: list[Notification], report: BatchReport
+    ) -> tuple[list[Notification], dict[Addressee, str]]:
+        """``still_wanted`` for rows just claimed, with the suppression list's entries for
+        them read in the same round trip (``prepare`` applies them)."""
+        if not rows:
+            return [], {}
+        listed = [n.id for n in rows]
+        addressees = {(n.channel, n.recipient, n.category) for n in rows}
+
+        def look() -> tuple[tuple[set[int], set[int]], dict[Addressee, str]]:
+            with one_trip(self.engine) as trip:
+                held = queue.send_recheck(trip, token, listed)
+                stopped = suppressions.send_suppressed(trip, addressees)
+            return queue.rechecked(held), suppressions.found_suppressed(stopped)
+
+        (held, paused), stopped = until_done(look, within=self._lease)
+        return self._wanted(token, rows, held, paused, report), stopped
+
     def still_wanted(
         self, token: UUID, rows: list[Notification], report: BatchReport
     ) -> list[Notification]:
         """Drop the rows cancelled since the last look; hand back those of a paused campaign."""
         held, paused = self._recheck(token, (n.id for n in rows))
+        return self._wanted(token, rows, held, paused, report)
+
+    def _wanted(
+        self,
+        token: UUID,
+        rows: list[Notification],
+        held: set[int],
+        paused: set[int],
+        report: BatchReport,
+    ) -> list[Notification]:
         report.stale += sum(1 for n in rows if n.id not in held)
         if paused:
             report.released += self.durably(lambda c: queue.park_claimed(c, token, paused))

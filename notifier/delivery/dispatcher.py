@@ -232,10 +232,11 @@ class Dispatcher:
     ) -> list[Notification]:
         """The claimed rows still to send, prepared and checked; the others' results (a row
         that cannot be sent) join ``unrecorded``."""
-        # Looked at again right before sending: a producer may have cancelled since the claim.
-        rows = self._claims.still_wanted(token, claimed, report)
+        # Looked at again right before sending: a producer may have cancelled since the claim;
+        # the suppression list's entries for the rows are read in the same round trip.
+        rows, stopped = self._claims.first_look(token, claimed, report)
         # Templates rendered, suppressed recipients and staging overrides applied.
-        prepared, results = prepare_each(self.content, rows, self._durably)
+        prepared, results = prepare_each(self.content, rows, self._durably, stopped)
         ready: list[Notification] = []
         for n in prepared:
             early = self._check(n)
@@ -341,6 +342,7 @@ class Dispatcher:
                     # after a short claim the backlog is claimed: that one was the last
                     top_up = top_up if more is not None and report.full else None
                     waiting = more or []
+                    looked = time.monotonic()  # the claim's rows were looked at just now
             if waiting and not closing:
                 try:
                     waiting = self._not_held(token, waiting, report)

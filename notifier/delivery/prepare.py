@@ -203,25 +203,30 @@ class Content:
             log.warning("override: every %s notification goes to %s", channel, recipient)
 
     def prepare(
-        self, rows: list[Notification], conn: Connection | None = None
+        self,
+        rows: list[Notification],
+        conn: Connection | None = None,
+        stopped: Mapping[suppressions.Addressee, str] | None = None,
     ) -> tuple[list[Notification], dict[int, Result]]:
         """The rows to send (rendered, redirected), and the results of those not to send.
 
         A suppressed row gets ``Cancelled``; a row whose template fails gets ``Permanent``.
         Rows come back in their order; without anything to do, ``rows`` itself comes back.
-        One query for the batch's suppressions and, unless every template it names is cached,
-        one for its templates: on ``conn`` if given (so the caller can retry it), else on a
-        connection of its own.
+        One query for the batch's suppressions, unless ``stopped`` holds what it found (read
+        with the look before sending), and, unless every template it names is cached, one for
+        its templates: on ``conn`` if given (so the caller can retry it), else on a connection
+        of its own.
         """
         if not rows:
             return rows, {}
         if conn is None:
             with self.engine.connect() as own:
                 own.execution_options(isolation_level="AUTOCOMMIT")  # reads only: no BEGIN
-                return self.prepare(rows, own)
-        stopped = suppressions.suppressed(
-            conn, {(n.channel, n.recipient, n.category) for n in rows}
-        )
+                return self.prepare(rows, own, stopped)
+        if stopped is None:
+            stopped = suppressions.suppressed(
+                conn, {(n.channel, n.recipient, n.category) for n in rows}
+            )
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
         if not stopped and not templated and not self.overrides:
             return rows, {}
@@ -346,12 +351,14 @@ def prepare_each(
     content: Content,
     rows: list[Notification],
     durably: Callable[[Callable[[Connection], Prepared]], Prepared],
+    stopped: Mapping[suppressions.Addressee, str] | None = None,
 ) -> Prepared:
     """``Content.prepare`` in ``durably``'s transaction, with one row's failure kept to that
     row: when preparing the batch raises anything but a database error, each row is prepared
-    alone, and a row that still raises is ``dead``, naming the exception."""
+    alone, and a row that still raises is ``dead``, naming the exception. ``stopped``: the
+    suppression list's entries for the rows, when they were read already."""
     try:
-        return durably(lambda c: content.prepare(rows, c))
+        return durably(lambda c: content.prepare(rows, c, stopped))
     except DBAPIError:
         raise
     except Exception as exc:
@@ -362,7 +369,7 @@ def prepare_each(
     prepared: list[Notification] = []
     results: dict[int, Result] = {}
     for n in rows:
-        ready, decided = prepare_each(content, [n], durably)
+        ready, decided = prepare_each(content, [n], durably, stopped)
         prepared += ready
         results.update(decided)
     return prepared, results

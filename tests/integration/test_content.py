@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, text
 
 from notifier.cli.main import cli
+from notifier.db import make_engine
 from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.outcomes import Attempt, Cancelled, Result, plan
@@ -32,6 +32,7 @@ from notifier.providers.null import NullProvider
 from notifier.settings import Settings, get_settings
 from tests.factories import MakeRow
 from tests.smtp_sink import SmtpSink
+from tests.turn_proxy import counting
 
 ANN = "ann@example.com"
 GONE = "gone@example.com"
@@ -202,8 +203,10 @@ def test_templates_are_cached_and_read_again_after_the_cache_period(
 
 
 def test_a_batch_costs_one_query_for_suppressions_and_one_for_templates(
-    engine: Engine, settings: Settings
+    engine: Engine, settings: Settings, database_url: str
 ) -> None:
+    """Counted on the wire: each statement in autocommit, on a connection that is not pinged,
+    is one round trip."""
     for name in ("a", "b", "c"):
         for locale in ("en", "de", "fr"):
             add_template(engine, locale, name=name, subject=f"{name} {locale} {{{{ n }}}}")
@@ -219,22 +222,34 @@ def test_a_batch_costs_one_query_for_suppressions_and_one_for_templates(
         for i in range(300)
     ]
     plain = [note(i, f"p{i}@example.com") for i in range(300, 600)]
-    content = Content(engine, settings)
+    with counting(database_url) as (url, turns):
+        through = make_engine(url, ping=False)
+        content = Content(through, settings)
+        try:
+            with through.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.execute(text("SELECT 1"))  # the connection's start-up
+                turns.reset()
+                ready, results = content.prepare(rows, conn)
+                assert turns.count() == 2, turns.said()
+                assert len(ready) == 299
+                assert results == {7: Cancelled("suppressed: unsubscribed")}
+                assert [n.subject for n in ready[:3]] == ["a de 0", "b fr 1", "c en 2"]
 
-    with engine.connect() as conn, counted(conn) as statements:
-        ready, results = content.prepare(rows, conn)
-        assert len(statements) == 2
-        assert len(ready) == 299
-        assert results == {7: Cancelled("suppressed: unsubscribed")}
-        assert [n.subject for n in ready[:3]] == ["a de 0", "b fr 1", "c en 2"]
+                content.prepare(rows, conn)  # every template cached
+                assert turns.count() == 3
 
-        content.prepare(rows, conn)  # every template cached
-        assert len(statements) == 3
+                ready, results = content.prepare(plain, conn)
+                assert turns.count() == 4
+                assert ready is plain
+                assert results == {}
 
-        ready, results = content.prepare(plain, conn)
-        assert len(statements) == 4
-        assert ready is plain
-        assert results == {}
+                stopped = {("email", "u7@example.com", None): "unsubscribed"}
+                _, results = content.prepare(rows, conn, stopped)  # read with the first look
+                assert turns.count() == 4
+                assert results == {7: Cancelled("suppressed: unsubscribed")}
+        finally:
+            through.dispose()
 
 
 def suppress_by_sql(engine: Engine, channel: str, recipient: str, reason: str) -> None:
@@ -247,21 +262,6 @@ def suppress_by_sql(engine: Engine, channel: str, recipient: str, reason: str) -
         r=recipient,
         why=reason,
     )
-
-
-@contextmanager
-def counted(conn: Connection) -> Iterator[list[str]]:
-    """The statements run on ``conn`` inside the block."""
-    statements: list[str] = []
-
-    def record(*args: Any) -> None:
-        statements.append(args[2])
-
-    event.listen(conn, "before_cursor_execute", record)
-    try:
-        yield statements
-    finally:
-        event.remove(conn, "before_cursor_execute", record)
 
 
 # -- suppressions -------------------------------------------------------------------------------
