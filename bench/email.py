@@ -36,8 +36,9 @@ How to run it
         python bench/email.py [--count N] [--api-limit N] [--concurrency N]
                               [--set NAME=VALUE] [--keep]
 
-    Its databases ``notifier_bench_email_<smtp|provider>_<pid>``; Redis db 13
-    (``NOTIFIER_BENCH_REDIS``), flushed before each drain and at the end.
+    Its databases ``notifier_bench_email_<smtp|provider>_<pid>``; a Redis server of its own on a
+    free loopback port (or the database ``NOTIFIER_BENCH_REDIS`` names, flushed before each drain
+    and at the end).
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ How to run it
         python bench/end_to_end.py [--rows N] [--million] [--concurrency N]
                                    [--set NAME=VALUE] [--keep]
 
-    Its database ``notifier_bench_end_to_end_<pid>``; Redis db 13 (``NOTIFIER_BENCH_REDIS``),
-    flushed before and after. ``NOTIFIER_*`` variables of the calling shell are left out of the
-    worker's environment; ``--set NAME=VALUE`` adds one (e.g. ``--set RECORD_ATTEMPTS=false``).
+    Its database ``notifier_bench_end_to_end_<pid>``; a Redis server of its own (or the database
+    ``NOTIFIER_BENCH_REDIS`` names, flushed before and after). ``NOTIFIER_*`` variables of the
+    calling shell are left out of the worker's environment; ``--set NAME=VALUE`` adds one (e.g.
+    ``--set RECORD_ATTEMPTS=false``).
 """
 
 from __future__ import annotations

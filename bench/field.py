@@ -46,9 +46,9 @@ How to run it
         python bench/field.py --scaling 1,2,4
 
     Databases ``notifier_bench_field_<a|b|c>_<pid>`` on ``NOTIFIER_BENCH_POSTGRES`` (default
-    ``postgresql://postgres@127.0.0.1:5432``); Redis db 12 (``NOTIFIER_BENCH_FIELD_REDIS``),
-    flushed before each drain of (c) and at the end. Every process started is stopped on exit,
-    Ctrl-C or SIGTERM.
+    ``postgresql://postgres@127.0.0.1:5432``); a Redis server of its own on a free loopback port
+    (or the one ``NOTIFIER_BENCH_FIELD_REDIS`` names, whose database is flushed before each
+    drain of (c) and at the end). Every process started is stopped on exit, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ from bench.drains import drain, workers
 from bench.harness import Bench, Result, describe_settings, ratio_line
 from notifier.settings import Settings
 
-REDIS = os.environ.get("NOTIFIER_BENCH_FIELD_REDIS", "redis://127.0.0.1:6379/12")
+REDIS = os.environ.get("NOTIFIER_BENCH_FIELD_REDIS")
 #: notifier end to end must reach these shares of (a) and (b).
 TARGET_CEILING = 0.6
 TARGET_PGQUEUER = 1.25

@@ -43,14 +43,17 @@ from bench.common import (
     scratch_database,
     server_settings,
 )
+from tests.redis_server import RedisServer  # the tests' own Redis of a run, on a free port
 
 #: Worker pool processes unless ``--concurrency`` says otherwise: one per core on the 2-core
 #: machine these benchmarks were written for.
 CONCURRENCY = 2
 #: The batch of the throughput measurements (``NOTIFIER_BATCH_SIZE``, the raw loops' claims).
 BATCH = 500
-#: The Redis db of the throughput measurements, flushed before each and at the end.
-REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/13")
+#: The Redis of the measurements: a server of the run's own unless ``NOTIFIER_BENCH_REDIS``
+#: names one (whose database is flushed before each measurement and at the end), so that two
+#: runs on one machine never flush each other's broker.
+REDIS = os.environ.get("NOTIFIER_BENCH_REDIS")
 POLL = 0.2
 
 Measure = Callable[["Bench"], None]
@@ -212,7 +215,7 @@ def parse(made: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse
 def main(
     doc: str | None,
     title: str,
-    redis_url: str,
+    redis_url: str | None,
     options: Sequence[str],
     measures: Sequence[Measure],
     argv: Sequence[str] | None = None,
@@ -344,7 +347,24 @@ def _median(results: Sequence[Result]) -> float:
     return statistics.median(r.rate for r in results)
 
 
-def run(title: str, redis_url: str, args: argparse.Namespace, measures: Sequence[Measure]) -> int:
+def run(
+    title: str, redis_url: str | None, args: argparse.Namespace, measures: Sequence[Measure]
+) -> int:
+    """Run ``measures`` against ``redis_url``, or a Redis server of this run's own."""
+    if redis_url is not None:
+        return _run(title, redis_url, args, measures)
+    try:
+        server = RedisServer().start()
+    except RuntimeError as exc:
+        print(f"setup failed: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _run(title, server.url, args, measures)
+    finally:
+        server.close()
+
+
+def _run(title: str, redis_url: str, args: argparse.Namespace, measures: Sequence[Measure]) -> int:
     command = shlex.join([sys.executable, *sys.argv])
     workdir = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
     bench = Bench(args, redis_url, workdir)

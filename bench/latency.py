@@ -35,7 +35,7 @@ How to run it
 
     It takes about a minute. It creates the database ``notifier_bench_latency_<pid>``
     (``NOTIFIER_BENCH_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432``), flushes
-    Redis db 14 (``NOTIFIER_BENCH_REDIS``, default ``redis://127.0.0.1:6379/14``), and runs,
+    a Redis server of its own (or the database ``NOTIFIER_BENCH_REDIS`` names), and runs,
     from the repository root, exactly what production runs::
 
         python -m celery -A notifier worker --concurrency=2 --loglevel=WARNING
@@ -48,7 +48,7 @@ How to run it
     wake-up listener is connected, warm-up rows (null and webhook, not measured; at least 2 s,
     until each pool process has sent both channels) pay the pool processes' first-use costs:
     connections, the providers, the HTTP client. At the end the processes get SIGTERM (SIGKILL
-    after 20 s), and the database, Redis db 14 and the temp dir (logs, beat schedule) are
+    after 20 s), and the database, its Redis and the temp dir (logs, beat schedule) are
     removed, unless ``--keep``.
 """
 
@@ -75,7 +75,7 @@ from bench.drains import status_counts, workers
 from bench.harness import Bench
 from tests.receiver import Receiver
 
-REDIS = os.environ.get("NOTIFIER_BENCH_REDIS", "redis://127.0.0.1:6379/14")
+REDIS = os.environ.get("NOTIFIER_BENCH_REDIS")
 
 #: Seconds between two inserts of the light-load scenarios: about 20 rows a second.
 SPACING = 0.05

@@ -22,8 +22,8 @@ How to run it
 
         python bench/rate_limit.py [--rate-batch-size N] [--set NAME=VALUE] [--keep]
 
-    Its database ``notifier_bench_rate_limit_<pid>``; Redis db 13 (``NOTIFIER_BENCH_REDIS``),
-    flushed before and after.
+    Its database ``notifier_bench_rate_limit_<pid>``; a Redis server of its own (or the database
+    ``NOTIFIER_BENCH_REDIS`` names, flushed before and after).
 """
 
 from __future__ import annotations

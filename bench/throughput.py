@@ -23,9 +23,9 @@ How to run it
     most of it (3) and the tuning of (4). Each measurement gets its own database
     ``notifier_bench_<name>_<pid>`` (migrated with ``notifier.db.migrate.migrate``;
     ``NOTIFIER_BENCH_POSTGRES``, default ``postgresql://postgres@127.0.0.1:5432``), dropped
-    right after it unless ``--keep``. Redis db 13 (``NOTIFIER_BENCH_REDIS``) is flushed before
-    each measurement and at the end. Workers run exactly as production runs them, from the
-    repository root::
+    right after it unless ``--keep``. A Redis server of its own serves the run (or the database
+    ``NOTIFIER_BENCH_REDIS`` names, flushed before each measurement and at the end). Workers run
+    exactly as production runs them, from the repository root::
 
         python -m celery -A notifier worker --concurrency=2 --loglevel=WARNING
         python -m celery -A notifier beat --loglevel=WARNING --schedule=<temp dir>/...

@@ -21,8 +21,9 @@ How to run it
         python bench/webhook.py [--rows-webhook N] [--send-concurrency 100,200,400]
                                 [--concurrency N] [--set NAME=VALUE] [--keep]
 
-    Its database ``notifier_bench_webhook_<pid>``, recreated for each level; Redis db 13
-    (``NOTIFIER_BENCH_REDIS``), flushed before each drain and at the end.
+    Its database ``notifier_bench_webhook_<pid>``, recreated for each level; a Redis server of
+    its own (or the database ``NOTIFIER_BENCH_REDIS`` names, flushed before each drain and at the
+    end).
 """
 
 from __future__ import annotations
