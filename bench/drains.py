@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import psycopg
@@ -189,15 +189,17 @@ def workers(
     url: str,
     settings: dict[str, str],
     concurrency: int = CONCURRENCY,
+    environment: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[Services, Conn]]:
     """A worker (``--concurrency``) and beat on database ``database`` with ``settings`` and
-    ``--set``'s, ready; stopped afterwards. Yields them and an autocommit connection to the
-    database. Their warnings and errors become notes of the report."""
+    ``--set``'s, and ``environment``'s other variables (an SDK's credentials, say), ready;
+    stopped afterwards. Yields them and an autocommit connection to the database. Their
+    warnings and errors become notes of the report."""
     flush_redis(bench.redis)
     settings = {**settings, **bench.args.set}
     workdir = bench.workdir / f"{tag}-{time.monotonic_ns()}"
     workdir.mkdir()
-    env = service_env(url, bench.redis, workdir, settings)
+    env = {**service_env(url, bench.redis, workdir, settings), **(environment or {})}
     services = Services(env, workdir)
     conn: Conn | None = None
     try:

@@ -43,11 +43,8 @@ How to run it
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 # This file is named like the standard library's ``email``: its folder must not come first on
@@ -195,10 +192,8 @@ def _email_api(bench: Bench, kind: str, limit: float | None) -> None:
         if limit:
             settings["rate_limits"] = f"email={limit:.0f}/s"
         pool = bench.args.concurrency
-        with (
-            _environment(AWS_ENV if kind == "ses" else {}),
-            workers(bench, f"email-{kind}", name, url, settings, pool) as (services, conn),
-        ):
+        aws = AWS_ENV if kind == "ses" else None
+        with workers(bench, f"email-{kind}", name, url, settings, pool, aws) as (services, conn):
             d = drain(
                 conn, name, services, rows, "email", "u{n}@example.com", 60 + rows / 50,
                 body=API_BODY,
@@ -244,21 +239,6 @@ def _email_api(bench: Bench, kind: str, limit: float | None) -> None:
             "PASS" if ok and exact and not violations else "FAIL",
         )
     )
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment (which the workers inherit), then as before."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _credentials(kind: str, url: str) -> dict[str, str]:

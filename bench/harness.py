@@ -188,7 +188,11 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     ),
     "keep": (
         ("--keep",),
-        {"action": "store_true", "help": "keep the databases, Redis db and logs afterwards"},
+        {
+            "action": "store_true",
+            "help": "keep the databases and logs afterwards (and the Redis database that"
+            " NOTIFIER_BENCH_REDIS names; a Redis of the run's own stops with it)",
+        },
     ),
 }
 

@@ -9,8 +9,7 @@ the LISTEN connection; ``workers`` heartbeats and the connection budget; ``campa
 webhook's outbox; ``rows`` one row's story and history, ``stats`` the counts and gauges,
 ``listing`` the console's lists, ``bulk`` the operators' bulk changes; ``migrate`` the schema's
 migrations; ``errors`` what a person can do about a database that cannot be reached. Every
-statement is written with ``:name`` parameters
-(``notifier.db.sql``).
+statement is written with ``:name`` parameters (``notifier.db.sql``).
 """
 
 from notifier.db.engine import (

@@ -1,11 +1,12 @@
-"""Short transactions that must survive a lost connection: run again until they commit.
+"""Steps that must survive a lost connection: run again until they are done.
 
 A worker that sent a batch must not forget it because PostgreSQL restarted or a connection
-broke; nor may it give up a look before sending for the same reason. ``until_committed`` runs
-one transaction and, when the database goes away (``OperationalError``, ``InterfaceError``),
-runs it again after a growing pause, until it commits or ``within`` seconds are spent: the
-claim's lease, after which the rescue owns the rows anyway. An error the database raises for
-the data is not retried: it would be raised again.
+broke; nor may it give up a look before sending for the same reason. ``until_done`` runs one
+step (a transaction sent in one round trip, ``notifier.db.trips``, or statements in autocommit,
+``each_until_done``) and, when the database goes away (``OperationalError``,
+``InterfaceError``), runs it again after a growing pause, until it is done or ``within``
+seconds are spent: the claim's lease, after which the rescue owns the rows anyway. An error the
+database raises for the data is not retried: it would be raised again.
 """
 
 from __future__ import annotations
@@ -22,21 +23,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def until_committed(engine: Engine, statements: Callable[[Connection], T], *, within: float) -> T:
-    """``statements`` in one transaction, run again while the database is away, for at most
-    ``within`` seconds; what they returned."""
-
-    def transaction() -> T:
-        with engine.begin() as conn:
-            return statements(conn)
-
-    return until_done(transaction, within=within)
-
-
 def each_until_done(engine: Engine, statements: Callable[[Connection], T], *, within: float) -> T:
     """``statements``, each its own transaction (autocommit: no ``BEGIN`` or ``COMMIT`` to wait
-    for), run again while the database is away, as ``until_committed``. For reads, and for
-    writes of one statement."""
+    for), run again while the database is away (``until_done``). For reads, and for writes of
+    one statement."""
 
     def autocommitted() -> T:
         with engine.connect() as conn:

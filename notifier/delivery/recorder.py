@@ -13,12 +13,12 @@ import logging
 from collections.abc import Sequence
 from uuid import UUID
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from notifier.db import queue, suppressions
 from notifier.db.trips import one_trip
-from notifier.delivery.durable import until_committed, until_done
+from notifier.delivery.durable import until_done
 from notifier.delivery.outcomes import Plan
 from notifier.models import Decision, truncate
 
@@ -37,16 +37,8 @@ class Recorder:
     def record(self, token: UUID, decided: Plan) -> int:
         """Record ``decided`` for the rows ``token`` still holds; how many it changed."""
 
-        def statements() -> int:
-            decisions = decided.decisions
-            with one_trip(self.engine) as trip:  # the outcomes and suppressions, one round trip
-                changed = queue.send_record(trip, token, decisions, self.worker)
-                added = suppressions.send_suppress_many(trip, _suppressions(decisions))
-            _log_suppressed(suppressions.added(added))
-            return queue.recorded(changed)
-
         try:
-            return until_done(statements, within=self.within)
+            return self._write(token, decided.decisions, self.worker)
         except (OperationalError, InterfaceError):
             raise  # the database is gone for longer than the lease: the rescue owns the rows
         except DBAPIError as exc:  # refused for the data: find the row, record the rest
@@ -67,27 +59,24 @@ class Recorder:
         log.error("recording notification %s failed: %s", ids, exc)
         plain = decided.plainly(truncate(why)).decisions  # and no history: it may be refused too
         try:
-            return until_committed(
-                self.engine,
-                lambda c: queue.record_outcomes(c, token, plain),
-                within=self.within,
-            )
+            return self._write(token, plain, None)
         except DBAPIError:
             log.exception("notification %s: even its plain outcome was refused", ids)
             return 0
 
+    def _write(self, token: UUID, decisions: Sequence[Decision], worker: str | None) -> int:
+        """The decisions' transitions, their history when ``worker`` is named, and the
+        suppressions they carry, in one transaction sent in one round trip, run again while the
+        database is away; how many rows it changed."""
 
-def record_suppressions(conn: Connection, decisions: Sequence[Decision]) -> int:
-    """Suppress the recipients that decisions carry (a provider refused them for good); how
-    many were new."""
-    return _log_suppressed(suppressions.suppress_many(conn, _suppressions(decisions)))
+        def trip() -> int:
+            entries = [d.suppress for d in decisions if d.suppress]
+            with one_trip(self.engine) as conn:
+                changed = queue.send_record(conn, token, decisions, worker)
+                suppressing = suppressions.send_suppress_many(conn, entries)
+            added = suppressions.added(suppressing)
+            if added:
+                log.info("suppressed %d recipients after hard bounces", added)
+            return queue.recorded(changed)
 
-
-def _suppressions(decisions: Sequence[Decision]) -> list[tuple[str, str, str, str]]:
-    return [d.suppress for d in decisions if d.suppress]
-
-
-def _log_suppressed(added: int) -> int:
-    if added:
-        log.info("suppressed %d recipients after hard bounces", added)
-    return added
+        return until_done(trip, within=self.within)

@@ -18,11 +18,11 @@ from sqlalchemy import Connection, Engine, text
 
 from notifier.cli.main import cli
 from notifier.db import make_engine
+from notifier.db.suppressions import suppress_many
 from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.delivery.outcomes import Attempt, Cancelled, Result, plan
 from notifier.delivery.prepare import Content
-from notifier.delivery.recorder import record_suppressions
 from notifier.delivery.retry import RetryPolicy
 from notifier.models import Notification
 from notifier.providers import registry_of
@@ -46,7 +46,7 @@ def suppress_refused(
     sends = {i: Attempt(result) for i, result in results.items()}
     now = datetime.now(UTC)
     decided = plan(rows, sends, RetryPolicy(), now, overrides=content.overrides)
-    return record_suppressions(conn, decided.decisions)
+    return suppress_many(conn, [d.suppress for d in decided.decisions if d.suppress])
 
 
 def note(id: int = 1, recipient: str = ANN, **fields: Any) -> Notification:
