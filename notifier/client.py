@@ -19,8 +19,14 @@ from typing import Any
 
 from notifier.db import producers
 from notifier.delivery.intake import intake_for, unstorable_json, would_be
+from notifier.models import Profile
 from notifier.settings import get_settings
-from notifier.specs import parse_category
+from notifier.specs import (
+    normalize_locale,
+    parse_category,
+    parse_profile_id,
+    parse_time_zone,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +40,8 @@ def enqueue(
     conn: producers.ProducerConnection,
     *,
     channel: str,
-    to: str,
+    to: str | None = None,
+    profile: str | None = None,
     subject: str | None = None,
     body: str | None = None,
     payload: Mapping[str, Any] | None = None,
@@ -78,6 +85,7 @@ def enqueue(
         raise ValueError(f"payload must be a mapping (a JSON object), not {type(payload).__name__}")
     if category is not None:
         parse_category(category)
+    address, person = _addressee(conn, channel, to, profile)
     try:
         document = json.dumps(dict(payload or {}), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -85,28 +93,30 @@ def enqueue(
     refused = unstorable_json("payload", document)
     row = would_be(
         channel=channel,
-        recipient=to,
+        recipient=address,
         subject=subject,
         body=body,
         payload=json.loads(document) if refused is None else {},
         dedupe_key=key,
         guard=guard,
         template=template,
-        locale=locale,
+        locale=locale or (person.locale if person is not None else None),
         category=category,
         max_attempts=max_attempts,
         priority=priority,
+        profile=person,
     )
     refused = refused or intake_for(get_settings()).refusal(
         row, lambda name, channel: producers.templates_of(conn, name, channel)
     )
+
     if refused is not None:
         raise ValueError(refused)
     row_id, created = producers.enqueue_row(
         conn,
         {
             "channel": channel,
-            "recipient": to,
+            "recipient": "" if to is None else to,  # "": the profile's, read when sent
             "subject": subject,
             "body": body,
             "payload": document,
@@ -119,9 +129,73 @@ def enqueue(
             "template": template,
             "locale": locale,
             "category": category,
+            "profile": profile,
         },
     )
     return Enqueued(row_id, created)
+
+
+def _addressee(
+    conn: producers.ProducerConnection, channel: str, to: str | None, profile: str | None
+) -> tuple[str, Profile | None]:
+    """The address a would-be row is checked with (``to``, or the profile's on ``channel``),
+    and the profile it names as the caller's transaction sees it."""
+    if profile is None:
+        if to is None:
+            raise ValueError("give the recipient: to=, or profile= to address a person's profile")
+        return to, None
+    parse_profile_id(profile)
+    person = producers.profile(conn, profile)
+    if to is not None:
+        return to, person
+    if person is None:
+        raise ValueError(f"no profile {profile!r}: upsert_profile() it first, in this transaction")
+    address = person.address(channel)
+    if address is None:
+        raise ValueError(
+            f"profile {profile!r} has no {channel} address: set it with upsert_profile()"
+        )
+    return address, person
+
+
+def upsert_profile(
+    conn: producers.ProducerConnection,
+    profile_id: str,
+    *,
+    email: str | None = None,
+    phone: str | None = None,
+    push_tokens: list[str] | None = None,
+    locale: str | None = None,
+    time_zone: str | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> None:
+    """Create the person ``profile_id`` (your own id for them) or change what is given of
+    them, in the caller's transaction; what is not given keeps its value. Rows already waiting
+    for this person are sent to the addresses it holds when they are sent."""
+    parse_profile_id(profile_id)
+    values: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("email", email), ("phone", phone), ("push_tokens", push_tokens),
+            ("locale", locale), ("time_zone", time_zone),
+        )
+        if value is not None
+    }  # fmt: skip
+    if locale is not None:
+        values["locale"] = normalize_locale(locale)
+    if time_zone is not None:
+        values["time_zone"] = parse_time_zone(time_zone)
+    if fields is not None:
+        if not isinstance(fields, Mapping):
+            raise ValueError("fields must be a mapping (a JSON object)")
+        try:
+            values["fields"] = json.dumps(dict(fields), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"fields are not JSON-serializable: {exc}") from None
+    producers.upsert_profile(conn, profile_id, values)
+
+
+__all__ = ["Enqueued", "cancel", "enqueue", "upsert_profile"]
 
 
 def cancel(

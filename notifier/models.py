@@ -6,13 +6,13 @@ The tables these describe, as the Alembic migrations create them, are ``notifier
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from notifier.specs import CATEGORY_PATTERN
+from notifier.specs import CATEGORY_PATTERN, PROFILE_PATTERN
 
 #: No channel has a use for a longer recipient: URLs beyond 2048 characters are not reliably
 #: accepted, email addresses stop at 254, phone numbers and device tokens are far shorter.
@@ -28,6 +28,12 @@ DEDUPE_KEY_BYTES = 1000
 CATEGORY_CHECK = f"category ~ '^{CATEGORY_PATTERN}$'"
 
 
+def profile_check(column: str) -> str:
+    """The CHECK of ``profiles.id`` and ``notifications.profile``, mirroring
+    ``PROFILE_PATTERN``."""
+    return f"{column} ~ '^{PROFILE_PATTERN}$'"
+
+
 class Status(StrEnum):
     """Where a notification is in its life. Mirrored by the ``notifications_status`` CHECK."""
 
@@ -41,6 +47,35 @@ class Status(StrEnum):
     dead = "dead"
     #: withdrawn before it was sent (by its producer or by notifier); final
     cancelled = "cancelled"
+
+
+#: Which of a profile's addresses a row of each channel goes to (``Profile.address``).
+PROFILE_ADDRESSES = {"email": "email", "sms": "phone"}
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The person a row addresses by its ``profile`` column, as read when the row was claimed
+    (``notifier.db.profiles``): what the row's own columns leave unsaid comes from here."""
+
+    id: str
+    email: str | None = None
+    phone: str | None = None
+    push_tokens: tuple[str, ...] = ()
+    locale: str | None = None
+    #: an IANA name (``Europe/Vienna``), as the producer wrote it: not checked until used
+    time_zone: str | None = None
+    #: values for templates; a row's payload wins over them
+    fields: dict[str, Any] = field(default_factory=dict)
+    #: the person's choice for the row's category on its channel; ``None``: never chosen, the
+    #: deployment's default for the category holds
+    enabled: bool | None = None
+
+    def address(self, channel: str) -> str | None:
+        """The profile's address on ``channel``, or ``None`` if it has none there."""
+        name = PROFILE_ADDRESSES.get(channel)
+        value = getattr(self, name) if name is not None else None
+        return value or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +111,8 @@ class Notification:
     #: what the message is (``marketing``, ``security``); ``None``: transactional. Opt-outs of
     #: a category stop only its rows (``notifier.delivery.prepare``)
     category: str | None = None
+    #: the person the row addresses, read with the claim; ``None`` when it names none
+    profile: Profile | None = None
 
 
 class CampaignStatus(StrEnum):

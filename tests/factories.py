@@ -47,6 +47,7 @@ PRODUCER_COLUMNS = {
     "template": "template",
     "locale": "locale",
     "category": "category",
+    "profile": "profile",
 }
 
 #: What a row holds when a test does not say: a row for the null provider, due now.

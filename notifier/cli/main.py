@@ -18,6 +18,7 @@ from notifier.cli import campaigns as campaign_cli
 from notifier.cli import changes, looking, output, running, sending, terminal
 from notifier.cli import console as console_cli
 from notifier.cli import content as content_cli
+from notifier.cli import people as people_cli
 from notifier.cli.base import (
     BAD_USAGE,
     CONTEXT,
@@ -36,7 +37,7 @@ INTERRUPTED = 130
 
 SECTIONS = (
     ("Notifications", ("send", "show", "cancel", "requeue", "stats")),
-    ("Campaigns and content", ("campaign", "template", "suppress")),
+    ("Campaigns and content", ("campaign", "template", "suppress", "profile")),
     ("Running notifier", ("migrate", "health", "purge", "metrics", "events", "console")),
 )
 
@@ -85,6 +86,7 @@ for _command in (
     *changes.COMMANDS,
     campaign_cli.campaign,
     *content_cli.COMMANDS,
+    *people_cli.COMMANDS,
     *running.COMMANDS,
     console_cli.command,
 ):

@@ -12,17 +12,19 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, text
 
+from notifier.db import profiles
 from notifier.db.sql import for_driver
 from notifier.db.templates import TEMPLATES_OF, TemplateRow
+from notifier.models import Profile
 
 ENQUEUE = """
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard, template, locale, category)
+            next_attempt_at, expires_at, guard, template, locale, category, profile)
     VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
             :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
             CAST(:expires_at AS timestamptz), :guard, :template, :locale,
-            CAST(:category AS text))
+            CAST(:category AS text), CAST(:profile AS text))
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
 """
@@ -47,6 +49,8 @@ CANCEL_BY_ID = """
     RETURNING id
 """
 
+PROFILE_OF = "SELECT email, phone, locale, fields FROM profiles WHERE id = :id"
+
 ProducerConnection = Connection | psycopg.Connection[Any]
 
 
@@ -70,6 +74,21 @@ def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int
 def cancel_by_id(conn: ProducerConnection, row_id: int, reason: str) -> bool:
     """Cancel this row if it has not been sent; whether it was."""
     return _producer_execute(conn, CANCEL_BY_ID, {"id": row_id, "reason": reason}) is not None
+
+
+def profile(conn: ProducerConnection, profile_id: str) -> Profile | None:
+    """The profile's addresses, locale and fields as the caller's transaction sees them (for
+    the intake's check of a row addressed to it), or ``None`` if it has none by that id."""
+    row = _producer_execute(conn, PROFILE_OF, {"id": profile_id})
+    if row is None:
+        return None
+    email, phone, locale, fields = row
+    return Profile(profile_id, email=email, phone=phone, locale=locale, fields=fields)
+
+
+def upsert_profile(conn: ProducerConnection, profile_id: str, values: Mapping[str, Any]) -> None:
+    """Create the profile or change the columns ``values`` names (``fields`` as JSON text)."""
+    _producer_execute(conn, profiles.upsert_statement(values), {**values, "id": profile_id})
 
 
 def templates_of(conn: ProducerConnection, name: str, channel: str) -> list[TemplateRow]:

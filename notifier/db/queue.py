@@ -18,6 +18,7 @@ import psycopg
 from sqlalchemy import Connection, text
 
 from notifier.db.engine import driver
+from notifier.db.profiles import CLAIM_PROFILE, addressing
 from notifier.db.sql import for_driver, number_array, rowcount, text_array
 from notifier.models import (
     MAX_NAME_LENGTH,
@@ -35,13 +36,13 @@ V = TypeVar("V")
 # then names the limit), a body over ``max_body_bytes`` and a payload stored larger than
 # ``payload_read_limit`` do not come back at all (only their sizes do), and the payload comes as
 # text, parsed row by row in Python (``_decode``). Timestamps are read by ``_SafeTimestamptz``.
-_RETURNING = """
+_RETURNING = f"""
     n.id, n.channel, left(n.recipient, :text_cap), left(n.subject, :subject_cap),
     CASE WHEN octet_length(n.body) <= :max_body THEN n.body END, octet_length(n.body),
     CASE WHEN pg_column_size(n.payload) <= :payload_cap THEN n.payload::text END,
     pg_column_size(n.payload), n.attempts, n.max_attempts, n.created_at, n.dedupe_key,
     n.priority, left(n.guard, :name_cap), n.expires_at, left(n.template, :name_cap),
-    left(n.locale, :name_cap), n.deferrals, n.category
+    left(n.locale, :name_cap), n.deferrals, n.category, n.profile, {CLAIM_PROFILE}
 """
 _CLAIM_LIMITS = {
     "text_cap": MAX_RECIPIENT_LENGTH + 1,
@@ -251,12 +252,15 @@ def send_claim(
     def notification(values: Sequence[Any]) -> Notification:
         (id_, channel, recipient, subject, body, body_bytes, payload, payload_bytes, attempts,
          max_attempts, created_at, dedupe_key, priority, guard, expires_at, template, locale,
-         deferrals, category) = values  # fmt: skip
+         deferrals, category, profile_id, profile_read) = values  # fmt: skip
         decoded, defect = _decode(payload, payload_bytes, body_bytes, limits)
+        recipient, profile, unaddressed = addressing(channel, recipient, profile_id, profile_read)
+        if profile is not None and locale is None:
+            locale = profile.locale
         return Notification(
             id_, channel, recipient, subject, body, decoded, attempts, max_attempts, token,
             created_at, dedupe_key, priority, guard, expires_at, template, locale, deferrals,
-            defect, category,
+            defect or unaddressed, category, profile,
         )  # fmt: skip
 
     params = claim_parameters(token, worker, lease_seconds, limit, limits)

@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import UUID as PgUUID
 
-from notifier.models import CATEGORY_CHECK, DEDUPE_KEY_BYTES
+from notifier.models import CATEGORY_CHECK, DEDUPE_KEY_BYTES, profile_check
 
 metadata = MetaData()
 
@@ -41,7 +41,7 @@ notifications = Table(
     metadata,
     Column("id", BigInteger, Identity(always=False), primary_key=True),
     Column("channel", Text, nullable=False),
-    Column("recipient", Text, nullable=False),
+    Column("recipient", Text, nullable=False, server_default=text("''::text")),
     Column("subject", Text),
     Column("body", Text),
     Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
@@ -77,6 +77,7 @@ notifications = Table(
         " written before revision 0020.",
     ),
     Column("category", Text),
+    Column("profile", Text),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -105,6 +106,7 @@ notifications = Table(
         f"octet_length(dedupe_key) <= {DEDUPE_KEY_BYTES}", name="notifications_dedupe_key_length"
     ),
     CheckConstraint(CATEGORY_CHECK, name="notifications_category"),
+    CheckConstraint(profile_check("profile"), name="notifications_profile"),
     Index(
         "notifications_due",
         text("priority DESC"),
@@ -130,6 +132,7 @@ notifications = Table(
         "locked_until",
         postgresql_where=text("locked_until IS NOT NULL"),
     ),
+    Index("notifications_profile", "profile", "id", postgresql_where=text("profile IS NOT NULL")),
     comment=TABLE_COMMENT,
 )
 
@@ -291,6 +294,64 @@ category_opt_outs = Table(
     comment=(
         "Recipients not sent rows of one category on a channel (one-click unsubscribes)."
         " Producers may INSERT ... ON CONFLICT DO NOTHING."
+    ),
+)
+
+# People a notification may address by the producer's id for them (migration 0022).
+profiles = Table(
+    "profiles",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("email", Text),
+    Column("phone", Text),
+    Column("push_tokens", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("locale", Text),
+    Column("time_zone", Text),
+    Column("fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint(profile_check("id"), name="profiles_id"),
+    comment=(
+        "The people notifications may address by the producer's id for them; producers upsert"
+        " them (INSERT ... ON CONFLICT (id) DO UPDATE)."
+    ),
+)
+
+_SOURCES = "source IN ('person', 'operator', 'producer')"
+
+preferences = Table(
+    "preferences",
+    metadata,
+    Column("profile", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("source", Text, nullable=False, server_default=text("'producer'::text")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    PrimaryKeyConstraint("profile", "category", "channel"),
+    CheckConstraint(CATEGORY_CHECK, name="preferences_category"),
+    CheckConstraint(_SOURCES, name="preferences_source"),
+    comment=(
+        "What a person chose per category and channel; no row: the deployment's default for"
+        " the category."
+    ),
+)
+
+preference_history = Table(
+    "preference_history",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("profile", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=_now),
+    CheckConstraint(_SOURCES, name="preference_history_source"),
+    Index("preference_history_profile", "profile", "id"),
+    comment=(
+        "Every change of a preference: when, to what, and who made it; written by a trigger on"
+        " preferences."
     ),
 )
 

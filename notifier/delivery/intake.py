@@ -30,7 +30,7 @@ from notifier.db.templates import TemplateRow
 from notifier.delivery import guards as guards_module
 from notifier.delivery.checks import recipient_problem, row_problem, unknown_channel
 from notifier.delivery.prepare import apply, template_of
-from notifier.models import DEDUPE_KEY_BYTES, Notification, truncate
+from notifier.models import DEDUPE_KEY_BYTES, Notification, Profile, truncate
 from notifier.providers import Registry, chains, load_registry
 from notifier.settings import Settings
 
@@ -124,6 +124,7 @@ def would_be(
     category: str | None = None,
     max_attempts: int = 5,
     priority: int = 0,
+    profile: Profile | None = None,
 ) -> Notification:
     """The row a worker would claim once these values are written (its first attempt)."""
     return Notification(
@@ -143,6 +144,7 @@ def would_be(
         template=template,
         locale=locale,
         category=category,
+        profile=profile,
     )
 
 

@@ -58,6 +58,7 @@ from sqlalchemy.exc import DBAPIError
 from notifier.db import suppressions, templates
 from notifier.delivery.checks import named
 from notifier.delivery.outcomes import Cancelled, Result
+from notifier.delivery.people import refusal
 from notifier.models import Notification
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
@@ -133,7 +134,8 @@ def render(template: Compiled, n: Notification) -> Notification:
     where = f"template {template.name!r} ({template.channel}, {template.locale})"
     if template.error is not None:
         raise TemplateProblem(f"{where} does not compile: {template.error}")
-    values: dict[str, Any] = {"recipient": n.recipient, **n.payload}
+    fields = n.profile.fields if n.profile is not None else {}
+    values: dict[str, Any] = {"recipient": n.recipient, **fields, **n.payload}
     try:
         subject = n.subject if template.subject is None else template.subject.render(values)
         body = n.body if template.body is None else template.body.render(values)
@@ -196,6 +198,8 @@ class Content:
         self.engine = engine
         self.default_locale = settings.default_locale
         self.overrides = settings.override_recipients
+        self.preference_defaults = settings.preference_defaults
+        self.critical = settings.critical_categories
         self.cache_seconds = cache_seconds
         self.clock = clock
         self._cache: dict[tuple[str, str], _Cached] = {}
@@ -228,7 +232,8 @@ class Content:
                 conn, {(n.channel, n.recipient, n.category) for n in rows}
             )
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
-        if not stopped and not templated and not self.overrides:
+        people = any(n.profile is not None for n in rows)
+        if not stopped and not templated and not self.overrides and not people:
             return rows, {}
         templates = self._templates(conn, templated) if templated else {}
         ready: list[Notification] = []
@@ -237,6 +242,10 @@ class Content:
             reason = stopped.get((n.channel, n.recipient, n.category))
             if reason is not None:
                 results[n.id] = Cancelled(f"suppressed: {reason}")
+                continue
+            refused = refusal(n, self.preference_defaults, self.critical) if people else None
+            if refused is not None:
+                results[n.id] = Cancelled(refused)
                 continue
             found = templates.get(n.id)
             if found is not None:

@@ -1,6 +1,7 @@
 """``Settings``: every tunable of notifier in one class, parsed once from the environment.
 
-Its fields are declared by theme beside it (``delivery.py``, ``channels.py``, ``surfaces.py``);
+Its fields are declared by theme beside it (``delivery.py``, ``channels.py``, ``people.py``,
+``surfaces.py``);
 this class joins them under the one ``model_config`` and checks what spans them.
 """
 
@@ -13,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from notifier.settings.channels import ChannelSettings
 from notifier.settings.delivery import DeliverySettings
+from notifier.settings.people import PeopleSettings
 from notifier.settings.surfaces import SurfaceSettings
 from notifier.specs import normalize_locale
 
@@ -21,9 +23,9 @@ from notifier.specs import normalize_locale
 SECRETS_DIR = Path("/run/secrets")
 
 
-# Pydantic orders the fields from the last base to the first: delivery, channels, surfaces (the
-# order of the errors a bad environment gets).
-class Settings(SurfaceSettings, ChannelSettings, DeliverySettings):
+# Pydantic orders the fields from the last base to the first: delivery, channels, people,
+# surfaces (the order of the errors a bad environment gets).
+class Settings(SurfaceSettings, PeopleSettings, ChannelSettings, DeliverySettings):
     model_config = SettingsConfigDict(
         env_prefix="NOTIFIER_",
         extra="ignore",

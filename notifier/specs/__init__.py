@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from notifier.specs.console import (
     HOST_SYNTAX,
@@ -35,6 +36,7 @@ from notifier.specs.rates import (
 __all__ = [
     "CATEGORY_PATTERN",
     "HOST_SYNTAX",
+    "PROFILE_PATTERN",
     "STATUS_EVENTS",
     "WARMUP_SYNTAX",
     "HostPattern",
@@ -44,14 +46,18 @@ __all__ = [
     "Window",
     "default_burst",
     "normalize_locale",
+    "parse_categories",
     "parse_category",
+    "parse_category_defaults",
     "parse_failover",
     "parse_hash",
     "parse_hosts",
     "parse_limits",
     "parse_networks",
     "parse_overrides",
+    "parse_profile_id",
     "parse_status_events",
+    "parse_time_zone",
     "parse_users",
     "parse_warmup",
     "parse_warmups",
@@ -63,6 +69,10 @@ __all__ = [
 _LOCALE_PART = re.compile(r"[A-Za-z0-9]{1,8}")
 #: A row's or campaign's category, as the ``*_category`` CHECK constraints have it.
 CATEGORY_PATTERN = r"[a-z0-9_.-]{1,64}"
+#: A producer's id for a person (``profiles.id``, ``notifications.profile``), as the
+#: ``profiles_id`` and ``notifications_profile`` CHECK constraints have it: what ids, emails
+#: used as ids, URNs and UUIDs are made of, nothing that quotes, spaces or breaks a line.
+PROFILE_PATTERN = r"[A-Za-z0-9_.:@+-]{1,200}"
 
 
 def parse_failover(text: str) -> dict[str, list[str]]:
@@ -92,6 +102,48 @@ def parse_overrides(text: str) -> dict[str, str]:
             raise ValueError(f"channel {channel!r} is overridden twice")
         overrides[channel] = recipient
     return overrides
+
+
+def parse_profile_id(text: str) -> str:
+    """A producer's id for a person as given, or a ``ValueError`` saying what one looks like."""
+    if not re.fullmatch(PROFILE_PATTERN, text):
+        raise ValueError(
+            f"profile id {text[:80]!r} is not 1 to 200 letters, digits or _ . : @ + -;"
+            " use the id your service knows the person by"
+        )
+    return text
+
+
+def parse_time_zone(text: str) -> str:
+    """An IANA time zone name this machine's database knows (``Europe/Vienna``, ``UTC``), or a
+    ``ValueError`` saying what one looks like."""
+    if re.fullmatch(r"[A-Za-z0-9_+-]{1,32}(/[A-Za-z0-9_+-]{1,32}){0,2}", text):
+        try:
+            ZoneInfo(text)
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+        else:
+            return text
+    raise ValueError(f"time zone {text[:80]!r} is not an IANA name like Europe/Vienna or UTC")
+
+
+def parse_categories(text: str) -> frozenset[str]:
+    """``security,billing`` -> those categories; empty text: none."""
+    return frozenset(parse_category(part.strip()) for part in text.split(",") if part.strip())
+
+
+def parse_category_defaults(text: str) -> dict[str, bool]:
+    """``marketing=off,digest=on`` -> whether each category is on for a person who never
+    chose."""
+    defaults: dict[str, bool] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        category, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or value not in ("on", "off"):
+            raise ValueError(f"{part!r} is not category=on or category=off, e.g. marketing=off")
+        if category in defaults:
+            raise ValueError(f"category {category!r} is given twice")
+        defaults[parse_category(category)] = value == "on"
+    return defaults
 
 
 def parse_category(text: str) -> str:

@@ -104,6 +104,12 @@ PRINTING: list[tuple[list[str], list[list[str]]]] = [
     (["suppress", "add", "--channel", "email", "a@example.com"], []),  # already there
     (["suppress", "list"], []),
     (["suppress", "rm", "--channel", "email", "a@example.com"], []),
+    (["profile", "set", "u-1", "--email", "a@example.com", "--field", "first_name=Ann"], []),
+    (["profile", "show", "u-1"], [["profile", "set", "u-1", "--email", "a@example.com"]]),
+    (
+        ["profile", "prefer", "u-1", "marketing", "email", "off"],
+        [["profile", "set", "u-1", "--email", "a@example.com"]],
+    ),
     (["console", "hash-password"], []),
 ]
 
@@ -170,7 +176,9 @@ def test_every_command_that_prints_takes_json_and_every_option_has_help() -> Non
             if isinstance(param, click.Option):
                 assert param.help, f"{name} {param.opts[0]}"
     exercised = {
-        " ".join(argv[:2]) if argv[0] in ("campaign", "template", "suppress") else argv[0]
+        " ".join(argv[:2])
+        if argv[0] in ("campaign", "template", "suppress", "profile")
+        else argv[0]
         for argv, _ in PRINTING
     }
     assert exercised == set(leaves) - servers

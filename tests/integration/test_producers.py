@@ -89,6 +89,7 @@ def _values() -> dict[str, object]:
         "guard": None,
         "template": None,
         "locale": None,
+        "profile": None,
     }
 
 

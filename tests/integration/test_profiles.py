@@ -1,0 +1,288 @@
+"""Recipient profiles and preferences (migration 0022) against real PostgreSQL and a real SMTP
+server: a row addressed to a person is sent to the address the profile holds when it is sent,
+in the person's locale, with their fields, unless they turned its category off."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
+
+from notifier import client
+from notifier.db import profiles
+from notifier.db.templates import upsert_template
+from notifier.delivery.dispatcher import Dispatcher
+from notifier.providers import registry_of
+from notifier.providers.email import EmailProvider
+from notifier.providers.null import NullProvider
+from notifier.settings import Settings, get_settings
+from notifier.specs import PROFILE_PATTERN
+from tests.commands import run
+from tests.factories import MakeSettings
+from tests.roles import Logins
+from tests.smtp_sink import SmtpSink
+
+BAD = "invalid notification: "
+
+
+def sql(engine: Engine, statement: str, **params: object) -> list[tuple[Any, ...]]:
+    with engine.begin() as conn:
+        result = conn.execute(text(statement), params)
+        return [tuple(row) for row in result.all()] if result.returns_rows else []
+
+
+def dispatch(engine: Engine, settings: Settings) -> None:
+    dispatcher = Dispatcher(
+        engine, registry_of([EmailProvider(get_settings()), NullProvider(Settings())]), settings
+    )
+    try:
+        dispatcher.run_once()
+    finally:
+        dispatcher.close()
+
+
+@pytest.fixture
+def login(engine: Engine, database_url: str) -> Iterator[Callable[[str], str]]:
+    made = Logins(engine, database_url)
+    yield lambda group: made.dsn(made.make(group))
+    made.drop()
+
+
+def test_a_waiting_row_goes_to_the_address_the_profile_holds_when_it_is_sent(
+    engine: Engine, settings: Settings, smtp_sink: SmtpSink
+) -> None:
+    upsert = {"locale": "de-AT", "fields": {"first_name": "Ann"}}
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "user-1", email="old@example.com", **upsert)
+        upsert_template(conn, "welcome", "email", "de", ("Hallo {{ first_name }}", "!", None))
+        client.enqueue(conn, channel="email", profile="user-1", template="welcome", key="w1")
+    # The person changes their address while the row waits.
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "user-1", email="new@example.com")
+    assert sql(engine, "SELECT recipient, profile FROM notifications") == [("", "user-1")]
+
+    dispatch(engine, settings)
+
+    [message] = smtp_sink.messages
+    assert message.rcpt_tos == ["new@example.com"]
+    assert message.message["Subject"] == "Hallo Ann"
+    assert sql(engine, "SELECT status, recipient FROM notifications") == [("sent", "")]
+    with engine.connect() as conn:
+        stored = profiles.get(conn, "user-1")
+    assert stored is not None
+    assert (stored.locale, stored.email) == ("de-AT", "new@example.com")
+
+
+def test_rows_a_profile_cannot_take_end_with_a_reason_and_leave_the_rest(
+    engine: Engine, settings: Settings, smtp_sink: SmtpSink
+) -> None:
+    sql(engine, "INSERT INTO profiles (id, email) VALUES ('p-mail', 'ann@example.com')")
+    sql(engine, "INSERT INTO profiles (id, phone) VALUES ('p-phone', '+14155550100')")
+    sql(engine, "INSERT INTO profiles (id, email, fields) VALUES ('p-list', 'b@x.io', '[1]')")
+    for profile in ("p-phone", "nobody", "p-list", "p-mail"):
+        sql(
+            engine,
+            "INSERT INTO notifications (channel, profile, subject, body)"
+            " VALUES ('email', :profile, 'hi', 'hello')",
+            profile=profile,
+        )
+    sql(engine, "INSERT INTO notifications (channel, profile) VALUES ('webhook', 'p-mail')")
+
+    dispatch(engine, settings)
+
+    assert sql(engine, "SELECT profile, status, last_error FROM notifications ORDER BY id") == [
+        ("p-phone", "dead", f"{BAD}profile 'p-phone' has no email address: set its email"),
+        (
+            "nobody",
+            "dead",
+            f"{BAD}profile 'nobody' does not exist: upsert it into profiles before its rows"
+            " are due, or address the row to a recipient",
+        ),
+        ("p-list", "dead", f"{BAD}profile 'p-list' has fields that are not a JSON object"),
+        ("p-mail", "sent", None),
+        (
+            "p-mail",
+            "dead",
+            f"{BAD}profile 'p-mail' has no webhook address:"
+            " webhook rows need their recipient written",
+        ),
+    ]
+    assert [m.rcpt_tos for m in smtp_sink.messages] == [["ann@example.com"]]
+
+
+def test_preferences_and_defaults_cancel_before_any_send_but_not_critical_rows(
+    engine: Engine, make_settings: MakeSettings, smtp_sink: SmtpSink
+) -> None:
+    settings = make_settings(preference_defaults="digest=off", critical_categories="security")
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "u", email="ann@example.com")
+        profiles.set_preference(conn, "u", "marketing", "email", False, "person")
+        profiles.set_preference(conn, "u", "security", "email", False, "person")
+        profiles.set_preference(conn, "u", "news", "email", True, "operator")
+        for n, category in enumerate(["marketing", "security", "news", "digest", None]):
+            client.enqueue(
+                conn, channel="email", profile="u", subject="s", body="b", category=category,
+                key=f"k{n}",
+            )  # fmt: skip
+
+    dispatch(engine, settings)
+
+    assert sql(engine, "SELECT category, status, last_error FROM notifications ORDER BY id") == [
+        ("marketing", "cancelled", "preference: profile 'u' turned marketing off on email"),
+        ("security", "sent", None),
+        ("news", "sent", None),
+        (
+            "digest",
+            "cancelled",
+            "preference: digest is off on every channel for a person who has not turned it on"
+            " (NOTIFIER_PREFERENCE_DEFAULTS), and profile 'u' has not",
+        ),
+        (None, "sent", None),
+    ]
+    assert len(smtp_sink.messages) == 3
+    with engine.connect() as conn:
+        changes = [(p.category, p.enabled, p.source) for p in profiles.history(conn, "u")]
+    assert changes == [("news", True, "operator"), ("security", False, "person"),
+                       ("marketing", False, "person")]  # fmt: skip
+
+
+def test_a_suppressed_address_stops_a_profiles_critical_row_too(
+    engine: Engine, settings: Settings, smtp_sink: SmtpSink
+) -> None:
+    sql(
+        engine,
+        "INSERT INTO suppressions (channel, recipient, reason, kind)"
+        " VALUES ('email', 'ann@example.com', 'hard bounce', 'bounce')",
+    )
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "u", email="Ann@Example.com")
+        client.enqueue(conn, channel="email", profile="u", subject="s", body="b",
+                       category="security")  # fmt: skip
+
+    dispatch(engine, settings)
+
+    assert sql(engine, "SELECT status, last_error FROM notifications") == [
+        ("cancelled", "suppressed: hard bounce")
+    ]
+    assert smtp_sink.messages == []
+
+
+def test_the_client_refuses_what_a_worker_could_not_send(engine: Engine) -> None:
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "u", phone="+14155550100")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"profile": "u"}, "profile 'u' has no email address"),
+        ({"profile": "ghost"}, "no profile 'ghost'"),
+        ({"profile": "has space"}, "profile id 'has space' is not"),
+        ({}, "give the recipient"),
+    ]
+    for addressed, error in cases:
+        with engine.begin() as conn, pytest.raises(ValueError, match=error):
+            client.enqueue(conn, channel="email", subject="s", body="b", **addressed)
+    with engine.begin() as conn:
+        for bad, error in [
+            ({"time_zone": "Mars/Olympus"}, "not an IANA name"),
+            ({"time_zone": "../../etc/passwd"}, "not an IANA name"),
+            ({"locale": "x y"}, "not a locale"),
+            ({"fields": [1]}, "must be a mapping"),
+        ]:
+            with pytest.raises(ValueError, match=error):
+                client.upsert_profile(conn, "u", **bad)
+    assert sql(engine, "SELECT count(*) FROM notifications") == [(0,)]
+
+
+def test_a_producer_login_upserts_profiles_and_addresses_rows_to_them(
+    engine: Engine, login: Callable[[str], str]
+) -> None:
+    with psycopg.connect(login("notifier_producer")) as conn:
+        client.upsert_profile(conn, "u", email="ann@example.com", time_zone="Europe/Vienna")
+        client.upsert_profile(conn, "u", fields={"plan": "pro"})
+        made = client.enqueue(conn, channel="email", profile="u", subject="s", body="b")
+        profiles_seen = conn.execute("SELECT email, time_zone, fields FROM profiles").fetchall()
+    assert made.created
+    assert profiles_seen == [("ann@example.com", "Europe/Vienna", {"plan": "pro"})]
+    for statement in ("SELECT * FROM preference_history", "DELETE FROM profiles"):
+        with (
+            psycopg.connect(login("notifier_producer")) as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            conn.execute(statement)
+
+
+NO_NUL = st.characters(exclude_characters="\x00")  # PostgreSQL's text holds none
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    profile_id=st.text(min_size=1, max_size=220) | st.from_regex(PROFILE_PATTERN, fullmatch=True),
+    email=st.text(NO_NUL, max_size=3000),
+    fields=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(NO_NUL, max_size=50),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(NO_NUL), inner),
+        max_leaves=10,
+    ),
+)
+def test_no_profile_a_producer_can_write_makes_the_claim_fail(
+    engine: Engine, settings: Settings, profile_id: str, email: str, fields: Any
+) -> None:
+    """Whatever a producer writes into a profile, the claim reads it and each row ends: the
+    null channel's row (its own recipient) sent, or dead with a reason when the profile's
+    fields are no JSON object; the email row (no email provider here) dead with a reason."""
+    sql(engine, "DELETE FROM notifications; DELETE FROM profiles")
+    write = "INSERT INTO profiles (id, email, fields) VALUES (:id, :email, CAST(:fields AS jsonb))"
+    values = {"id": profile_id, "email": email, "fields": json.dumps(fields)}
+    if re.fullmatch(PROFILE_PATTERN, profile_id) is None:
+        with pytest.raises(IntegrityError, match="profiles_id"):
+            sql(engine, write, **values)
+        return
+    sql(engine, write, **values)
+    sql(
+        engine,
+        "INSERT INTO notifications (channel, profile, recipient)"
+        " VALUES ('email', :id, ''), ('null', :id, 'x')",
+        id=profile_id,
+    )
+    dispatcher = Dispatcher(engine, registry_of([NullProvider(Settings())]), settings)
+    try:
+        dispatcher.run_once()
+    finally:
+        dispatcher.close()
+    ended = sql(engine, "SELECT channel, status, last_error FROM notifications ORDER BY 1")
+    readable = isinstance(fields, dict)
+    assert [(channel, status, error is not None) for channel, status, error in ended] == [
+        ("email", "dead", True),
+        ("null", "sent" if readable else "dead", not readable),
+    ], ended
+
+
+@pytest.mark.usefixtures("restore_logging", "database_url")
+def test_the_profile_commands_set_show_and_prefer_on_someones_behalf(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run(capsys, "profile", "show", "u-1")[0] == 1
+    code, _, err = run(capsys, "profile", "set", "u-1", "--time-zone", "Moon/Base")
+    assert (code, err) == (2, "notifier: time zone 'Moon/Base' is not an IANA name like"
+                               " Europe/Vienna or UTC\n")  # fmt: skip
+    argv = ["--email", "ann@example.com", "--locale", "de_at", "--field", "first_name=Ann"]
+    assert run(capsys, "profile", "set", "u-1", *argv)[:2] == (0, "profile 'u-1' saved\n")
+    assert run(capsys, "profile", "prefer", "u-1", "marketing", "email", "off")[0] == 0
+    code, out, _ = run(capsys, "profile", "show", "u-1", "--json")
+    shown = json.loads(out)
+    assert code == 0
+    assert (shown["profile"]["email"], shown["profile"]["locale"]) == ("ann@example.com", "de-AT")
+    assert shown["profile"]["fields"] == {"first_name": "Ann"}
+    assert [(p["category"], p["enabled"], p["source"]) for p in shown["history"]] == [
+        ("marketing", False, "operator")
+    ]
+    code, _, err = run(capsys, "profile", "prefer", "ghost", "marketing", "email", "off")
+    assert (code, err) == (2, "notifier: no profile 'ghost': notifier profile set it first\n")
