@@ -25,6 +25,7 @@ from notifier.specs import (
     normalize_locale,
     parse_category,
     parse_profile_id,
+    parse_quiet_window,
     parse_time_zone,
 )
 
@@ -168,10 +169,13 @@ def upsert_profile(
     locale: str | None = None,
     time_zone: str | None = None,
     fields: Mapping[str, Any] | None = None,
+    quiet_hours: str | None = None,
 ) -> None:
     """Create the person ``profile_id`` (your own id for them) or change what is given of
     them, in the caller's transaction; what is not given keeps its value. Rows already waiting
-    for this person are sent to the addresses it holds when they are sent."""
+    for this person are sent to the addresses it holds when they are sent. ``quiet_hours``
+    (``22:00-07:00`` in ``time_zone``; ``""`` for none) replaces the deployment's default
+    window for this person (``NOTIFIER_QUIET_HOURS``)."""
     parse_profile_id(profile_id)
     values: dict[str, Any] = {
         name: value
@@ -185,6 +189,9 @@ def upsert_profile(
         values["locale"] = normalize_locale(locale)
     if time_zone is not None:
         values["time_zone"] = parse_time_zone(time_zone)
+    if quiet_hours is not None:  # "": none of their own (the deployment's default holds)
+        window = parse_quiet_window(quiet_hours) if quiet_hours else (None, None)
+        values["quiet_start"], values["quiet_end"] = window
     if fields is not None:
         if not isinstance(fields, Mapping):
             raise ValueError("fields must be a mapping (a JSON object)")

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-from notifier.specs import CATEGORY_PATTERN, PROFILE_PATTERN
+from notifier.specs import CATEGORY_PATTERN, PROFILE_PATTERN, QuietWindow
 
 #: No channel has a use for a longer recipient: URLs beyond 2048 characters are not reliably
 #: accepted, email addresses stop at 254, phone numbers and device tokens are far shorter.
@@ -70,6 +70,8 @@ class Profile:
     #: the person's choice for the row's category on its channel; ``None``: never chosen, the
     #: deployment's default for the category holds
     enabled: bool | None = None
+    #: the person's own quiet hours (wall-clock start, end in ``time_zone``), if they set them
+    quiet: QuietWindow | None = None
 
     def address(self, channel: str) -> str | None:
         """The profile's address on ``channel``, or ``None`` if it has none there."""
@@ -158,6 +160,8 @@ class AttemptOutcome(StrEnum):
     complained = "complained"
     #: an operator sent a dead row round again (``worker`` names them: ``console:<user>``)
     requeued = "requeued"
+    #: held back unsent by its person's quiet hours until they end; attempt not counted
+    held = "held"
 
 
 #: A recipient to add to ``suppressions``: (channel, recipient, reason, kind).

@@ -48,6 +48,11 @@ def profile() -> None:
               help="A device's token; repeat for each device (replaces the list).")  # fmt: skip
 @click.option("--locale", metavar="LOCALE", help="The templates' locale, e.g. de-AT.")
 @click.option("--time-zone", metavar="ZONE", help="An IANA name, e.g. Europe/Vienna.")
+@click.option(
+    "--quiet-hours",
+    metavar="HH:MM-HH:MM",
+    help="The person's own quiet hours in their time zone, e.g. 22:00-07:00; '' for none.",
+)
 @click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
               help="A value for templates; repeat for each (replaces the fields).")  # fmt: skip
 @output.json_option
@@ -58,6 +63,7 @@ def set_profile(
     push_tokens: tuple[str, ...],
     locale: str | None,
     time_zone: str | None,
+    quiet_hours: str | None,
     fields: tuple[str, ...],
 ) -> int:
     values = dict(_field(f) for f in fields) if fields else None
@@ -65,12 +71,18 @@ def set_profile(
         client.upsert_profile(
             conn, profile_id, email=email, phone=phone,
             push_tokens=list(push_tokens) if push_tokens else None,
-            locale=locale, time_zone=time_zone, fields=values,
+            locale=locale, time_zone=time_zone, fields=values, quiet_hours=quiet_hours,
         )  # fmt: skip
     output.emit(
         {"id": profile_id, "saved": True}, Text(f"profile {output.quoted(profile_id)} saved")
     )
     return 0
+
+
+def _quiet(found: profiles.StoredProfile) -> str:
+    if found.quiet_start is None or found.quiet_end is None:
+        return "-"
+    return f"{found.quiet_start:%H:%M}-{found.quiet_end:%H:%M}"
 
 
 def _field(text: str) -> tuple[str, str]:
@@ -110,6 +122,7 @@ def show(profile_id: str) -> int:
                 ("push tokens", str(len(found.push_tokens))),
                 ("locale", shown(found.locale)),
                 ("time zone", shown(found.time_zone)),
+                ("quiet hours", _quiet(found)),
                 ("fields", shown(json.dumps(found.fields, ensure_ascii=False))),
                 ("updated", shown(found.updated_at)),
             ]

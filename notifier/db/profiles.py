@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, time
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from notifier.models import PROFILE_ADDRESSES, Profile
+from notifier.specs import QuietWindow
 
 #: The most push tokens of one profile a claim reads (devices beyond it are not sent to).
 MAX_PUSH_TOKENS = 20
@@ -39,6 +40,8 @@ CLAIM_PROFILE = f"""
                    'time_zone', left(p.time_zone, :name_cap),
                    'fields', CASE WHEN pg_column_size(p.fields) <= :payload_cap
                                   THEN p.fields END,
+                   'quiet', CASE WHEN p.quiet_start IS NOT NULL
+                                 THEN json_build_array(p.quiet_start, p.quiet_end) END,
                    'enabled', (SELECT pr.enabled FROM preferences pr
                                 WHERE pr.profile = p.id AND pr.category = n.category
                                   AND pr.channel = n.channel))::text
@@ -72,10 +75,21 @@ def decode(profile_id: str | None, read: str | None) -> Profile | str | None:
         time_zone=found.get("time_zone"),
         fields=fields,
         enabled=found.get("enabled"),
+        quiet=_window(found.get("quiet")),
     )
 
 
-PROFILE_COLUMNS = ("email", "phone", "push_tokens", "locale", "time_zone", "fields")
+def _window(read: list[str] | None) -> QuietWindow | None:
+    """A profile's quiet hours as the claim read them (``["22:00:00", "07:00:00"]``)."""
+    if not read:
+        return None
+    start, end = (time.fromisoformat(part) for part in read)
+    return start, end
+
+
+PROFILE_COLUMNS = (
+    "email", "phone", "push_tokens", "locale", "time_zone", "fields", "quiet_start", "quiet_end",
+)  # fmt: skip
 
 
 def addressing(
@@ -123,6 +137,8 @@ class StoredProfile:
     locale: str | None
     time_zone: str | None
     fields: dict[str, Any]
+    quiet_start: time | None
+    quiet_end: time | None
     created_at: datetime
     updated_at: datetime
 

@@ -101,7 +101,7 @@ RECORD_OUTCOMES = for_driver(
     """
     WITH changed AS (
         UPDATE notifications AS n
-           SET status = CASE WHEN v.outcome IN ('retry', 'deferred') THEN 'pending'
+           SET status = CASE WHEN v.outcome IN ('retry', 'deferred', 'held') THEN 'pending'
                              ELSE v.outcome END,
                updated_at = now(), locked_until = NULL,
                sent_at = CASE WHEN v.outcome = 'sent'
@@ -113,7 +113,8 @@ RECORD_OUTCOMES = for_driver(
                last_error = CASE WHEN v.outcome = 'sent' THEN NULL ELSE v.error END,
                next_attempt_at = coalesce(to_timestamp(v.next_at), n.next_attempt_at),
                attempts = n.attempts
-                          - CASE WHEN v.outcome = 'deferred' AND n.attempts > 0 THEN 1 ELSE 0 END,
+                          - CASE WHEN v.outcome IN ('deferred', 'held') AND n.attempts > 0
+                                 THEN 1 ELSE 0 END,
                deferrals = n.deferrals + CASE WHEN v.outcome = 'deferred' THEN 1 ELSE 0 END
           FROM (SELECT id, coalesce(outcome, 'sent') AS outcome, error, next_at, message_id,
                        provider, sent_at, duration_ms
@@ -124,7 +125,7 @@ RECORD_OUTCOMES = for_driver(
                        AS u(id, outcome, error, next_at, message_id, provider, sent_at,
                             duration_ms)) AS v
          WHERE n.id = v.id AND n.status = 'processing' AND n.claim_token = :token
-        RETURNING n.id, n.attempts + CASE WHEN v.outcome = 'deferred' THEN 1 ELSE 0 END
+        RETURNING n.id, n.attempts + CASE WHEN v.outcome IN ('deferred', 'held') THEN 1 ELSE 0 END
                   AS attempt, n.channel, v.outcome, v.error, v.duration_ms, v.provider
     ), history AS (
         INSERT INTO notification_attempts

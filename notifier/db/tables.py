@@ -20,6 +20,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
+    Time,
     UniqueConstraint,
     text,
 )
@@ -226,7 +227,7 @@ notification_attempts = Table(
     Column("provider", Text),
     CheckConstraint(
         "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued', 'requeued',"
-        " 'delivered', 'undelivered', 'bounced', 'complained')",
+        " 'delivered', 'undelivered', 'bounced', 'complained', 'held')",
         name="notification_attempts_outcome",
     ),
     # One B-tree, which serves a row's story and the purge; the table is appended to in time
@@ -310,7 +311,13 @@ profiles = Table(
     Column("fields", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=_now),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=_now),
+    Column("quiet_start", Time),
+    Column("quiet_end", Time),
     CheckConstraint(profile_check("id"), name="profiles_id"),
+    CheckConstraint(
+        "(quiet_start IS NULL) = (quiet_end IS NULL) AND quiet_start <> quiet_end",
+        name="profiles_quiet_hours",
+    ),
     comment=(
         "The people notifications may address by the producer's id for them; producers upsert"
         " them (INSERT ... ON CONFLICT (id) DO UPDATE)."

@@ -297,6 +297,7 @@ class Dispatcher:
         report.retried += decided.count(AttemptOutcome.retry)
         report.cancelled += decided.count(AttemptOutcome.cancelled)
         report.released += decided.count(AttemptOutcome.deferred)
+        report.released += decided.count(AttemptOutcome.held)
 
     def _durably(self, statements: Callable[[Connection], T]) -> T:
         return self._claims.durably(statements)

@@ -21,8 +21,17 @@ class Cancelled:
     reason: str
 
 
-#: What became of one row's attempt: a provider's answer, or cancelled before the provider.
-Result = Outcome | Cancelled
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Not sent yet, by what its person asked for (quiet hours): pending again until ``until``,
+    its attempt given back."""
+
+    until: datetime
+    reason: str
+
+
+#: What became of one row's attempt: a provider's answer, or decided before the provider.
+Result = Outcome | Cancelled | Held
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +141,12 @@ def _decide(
         d.outcome, d.error = AttemptOutcome.dead, truncate(outcome.error)
     elif isinstance(outcome, Cancelled):
         d.outcome, d.error = AttemptOutcome.cancelled, truncate(outcome.reason)
+    elif isinstance(outcome, Held):
+        if n.expires_at is not None and outcome.until >= n.expires_at:
+            d.outcome = AttemptOutcome.cancelled
+            d.error = truncate(f"expired: it would have waited past expires_at; {outcome.reason}")
+        else:
+            d.outcome, d.error, d.at = AttemptOutcome.held, truncate(outcome.reason), outcome.until
     elif outcome.throttled:
         error = truncate(outcome.error)
         wait = _wait(outcome.retry_after) or policy.delay(max(n.attempts, 1), rand)

@@ -1,18 +1,29 @@
 """What the person a row addresses asked for, applied before it is sent: their preference for
-the row's category on its channel.
+the row's category on its channel, and their quiet hours.
 
 A row that names a ``profile`` and a ``category`` is sent only if the person turned that
 category on for its channel, or never chose and the deployment's default for the category
 (``NOTIFIER_PREFERENCE_DEFAULTS``) is on. Rows of a critical category
 (``NOTIFIER_CRITICAL_CATEGORIES``) and transactional rows (no category) are never held back by
 a preference; the suppression list applies to every row alike (``prepare``).
+
+Quiet hours (``quiet.py``, ``NOTIFIER_QUIET_HOURS``) hold back rows of a category that is not
+critical while it is night where their person is: in the profile's time zone, or
+``NOTIFIER_DEFAULT_TIME_ZONE`` for rows that name no person, or whose zone this machine does not
+know (the reason says so).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
+from datetime import datetime
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from notifier.delivery.outcomes import Cancelled, Held
+from notifier.delivery.quiet import AlwaysQuiet, describe, held_until
 from notifier.models import Notification
+from notifier.specs import QuietWindow, parse_time_zone
 
 
 def refusal(n: Notification, defaults: Mapping[str, bool], critical: Set[str]) -> str | None:
@@ -32,4 +43,54 @@ def refusal(n: Notification, defaults: Mapping[str, bool], critical: Set[str]) -
     return (
         f"preference: {category} is off on every channel for a person who has not turned it on"
         f" (NOTIFIER_PREFERENCE_DEFAULTS), and profile {person.id!r} has not"
+    )
+
+
+@lru_cache(maxsize=1024)
+def _zone(name: str) -> ZoneInfo | None:
+    try:
+        return ZoneInfo(parse_time_zone(name))
+    except (ValueError, ZoneInfoNotFoundError):
+        return None
+
+
+def windows_for(n: Notification, quiet_hours: Mapping[str, QuietWindow]) -> list[QuietWindow]:
+    """The quiet hours that apply to ``n`` (a row with a category): its person's own window or
+    the deployment's default, and the windows of its category and of its category on its
+    channel."""
+    own = n.profile.quiet if n.profile is not None else None
+    scopes = [f"{n.category}", f"{n.category}/{n.channel}"]
+    found = [own or quiet_hours.get("*")] + [quiet_hours.get(scope) for scope in scopes]
+    return [window for window in found if window is not None]
+
+
+def quiet_hold(
+    n: Notification,
+    now: datetime,
+    quiet_hours: Mapping[str, QuietWindow],
+    critical: Set[str],
+    default_zone: str,
+) -> Held | Cancelled | None:
+    """``Held`` until the quiet hours that hold ``n`` at ``now`` end, or ``None`` if none does
+    (or it is transactional or critical); ``Cancelled`` if they leave no time of day."""
+    if n.category is None or n.category in critical:
+        return None
+    windows = windows_for(n, quiet_hours)
+    if not windows:
+        return None
+    named = n.profile.time_zone if n.profile is not None else None
+    zone = _zone(named) if named else None
+    unknown = f" (its time zone {named[:64]!r} is unknown)" if named and zone is None else ""
+    zone = zone or _zone(default_zone) or ZoneInfo("UTC")
+    try:
+        until = held_until(now, zone, windows)
+    except AlwaysQuiet as exc:
+        return Cancelled(str(exc))
+    if until is None:
+        return None
+    local = until.astimezone(zone)
+    return Held(
+        until,
+        f"quiet hours {describe(windows)} in {zone.key}{unknown}:"
+        f" held until {local:%Y-%m-%d %H:%M} there",
     )

@@ -48,6 +48,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedError
@@ -58,7 +59,7 @@ from sqlalchemy.exc import DBAPIError
 from notifier.db import suppressions, templates
 from notifier.delivery.checks import named
 from notifier.delivery.outcomes import Cancelled, Result
-from notifier.delivery.people import refusal
+from notifier.delivery.people import quiet_hold, refusal
 from notifier.models import Notification
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
@@ -194,12 +195,16 @@ class Content:
         *,
         cache_seconds: float = TEMPLATE_CACHE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.engine = engine
         self.default_locale = settings.default_locale
         self.overrides = settings.override_recipients
         self.preference_defaults = settings.preference_defaults
         self.critical = settings.critical_categories
+        self.quiet_hours = settings.quiet_hours
+        self.default_zone = settings.default_time_zone
+        self.now = now
         self.cache_seconds = cache_seconds
         self.clock = clock
         self._cache: dict[tuple[str, str], _Cached] = {}
@@ -233,8 +238,10 @@ class Content:
             )
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
         people = any(n.profile is not None for n in rows)
-        if not stopped and not templated and not self.overrides and not people:
+        quiet = bool(self.quiet_hours) or people
+        if not stopped and not templated and not self.overrides and not quiet:
             return rows, {}
+        now = self.now()
         templates = self._templates(conn, templated) if templated else {}
         ready: list[Notification] = []
         results: dict[int, Result] = {}
@@ -246,6 +253,14 @@ class Content:
             refused = refusal(n, self.preference_defaults, self.critical) if people else None
             if refused is not None:
                 results[n.id] = Cancelled(refused)
+                continue
+            held = (
+                quiet_hold(n, now, self.quiet_hours, self.critical, self.default_zone)
+                if quiet
+                else None
+            )
+            if held is not None:
+                results[n.id] = held
                 continue
             found = templates.get(n.id)
             if found is not None:

@@ -1,5 +1,5 @@
-"""The settings of what the people notified asked for: the categories' defaults and the
-categories that nothing a person chooses holds back."""
+"""The settings of what the people notified asked for: the categories' defaults, the
+categories that nothing a person chooses holds back, and quiet hours."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, NoDecode
 
 from notifier.settings.parsed import parsed
-from notifier.specs import parse_categories, parse_category_defaults
+from notifier.specs import (
+    QuietWindow,
+    parse_categories,
+    parse_category_defaults,
+    parse_quiet_hours,
+    parse_time_zone,
+)
 
 
 class PeopleSettings(BaseSettings):
@@ -29,3 +35,17 @@ class PeopleSettings(BaseSettings):
     )
     """Categories that preferences never hold back (``security,billing``): a person cannot turn
     off a sign-in alert. The suppression list still applies to them, as to every row."""
+
+    quiet_hours: Annotated[dict[str, QuietWindow], NoDecode, parsed(parse_quiet_hours)] = Field(
+        default_factory=dict
+    )
+    """When rows with a category wait rather than reach their person, in the person's time
+    zone: ``*=22:00-07:00;marketing/sms=21:00-08:00``. ``*`` is every category's default, which a
+    person's own window (the preference center, ``profiles.quiet_start``/``quiet_end``)
+    replaces; a category (``marketing``) or a category on a channel (``marketing/sms``) adds a
+    window nobody shortens. Transactional rows (no category) and critical categories are never
+    held. Empty (the default): no quiet hours."""
+
+    default_time_zone: Annotated[str, parsed(parse_time_zone)] = "UTC"
+    """The time zone of quiet hours for rows whose person has none, or one this machine's time
+    zone database does not know (an IANA name, e.g. ``America/New_York``)."""

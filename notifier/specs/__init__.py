@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import time
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from notifier.specs.console import (
@@ -40,6 +41,7 @@ __all__ = [
     "STATUS_EVENTS",
     "WARMUP_SYNTAX",
     "HostPattern",
+    "QuietWindow",
     "Role",
     "User",
     "Warmup",
@@ -56,6 +58,8 @@ __all__ = [
     "parse_networks",
     "parse_overrides",
     "parse_profile_id",
+    "parse_quiet_hours",
+    "parse_quiet_window",
     "parse_status_events",
     "parse_time_zone",
     "parse_users",
@@ -112,6 +116,44 @@ def parse_profile_id(text: str) -> str:
             " use the id your service knows the person by"
         )
     return text
+
+
+#: A quiet-hours window: wall-clock start and end (``21:00``, ``08:00``); past midnight when
+#: the start is later than the end.
+QuietWindow = tuple[time, time]
+_CLOCK = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
+
+
+def parse_quiet_window(text: str) -> QuietWindow:
+    """``21:00-08:00`` -> (21:00, 08:00)."""
+    start, sep, end = text.strip().partition("-")
+    clocks = [_CLOCK.fullmatch(part.strip()) for part in (start, end)]
+    if not sep or not all(clocks) or start.strip() == end.strip():
+        raise ValueError(
+            f"quiet hours {text.strip()[:40]!r} are not HH:MM-HH:MM (24 h, start and end"
+            " different), e.g. 21:00-08:00"
+        )
+    first, last = (time(int(m[1]), int(m[2])) for m in clocks if m)
+    return first, last
+
+
+def parse_quiet_hours(text: str) -> dict[str, QuietWindow]:
+    """``*=22:00-07:00;marketing/sms=21:00-08:00`` -> window by scope: ``*`` (every category's
+    default, which a person's own window replaces), a category, or a category on a channel."""
+    windows: dict[str, QuietWindow] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        scope, sep, window = (s.strip() for s in part.partition("="))
+        if not sep:
+            raise ValueError(f"{part!r} is not SCOPE=HH:MM-HH:MM, e.g. marketing/sms=21:00-08:00")
+        category, _, channel = scope.partition("/")
+        if scope != "*":
+            parse_category(category)
+            if "/" in scope and not re.fullmatch(r"[a-z0-9_]{1,64}", channel):
+                raise ValueError(f"{scope!r}: the channel after '/' is not a channel name")
+        if scope in windows:
+            raise ValueError(f"quiet hours for {scope!r} are given twice")
+        windows[scope] = parse_quiet_window(window)
+    return windows
 
 
 def parse_time_zone(text: str) -> str:

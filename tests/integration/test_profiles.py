@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -273,7 +275,8 @@ def test_the_profile_commands_set_show_and_prefer_on_someones_behalf(
     code, _, err = run(capsys, "profile", "set", "u-1", "--time-zone", "Moon/Base")
     assert (code, err) == (2, "notifier: time zone 'Moon/Base' is not an IANA name like"
                                " Europe/Vienna or UTC\n")  # fmt: skip
-    argv = ["--email", "ann@example.com", "--locale", "de_at", "--field", "first_name=Ann"]
+    argv = ["--email", "ann@example.com", "--locale", "de_at", "--field", "first_name=Ann",
+            "--quiet-hours", "22:00-07:00"]  # fmt: skip
     assert run(capsys, "profile", "set", "u-1", *argv)[:2] == (0, "profile 'u-1' saved\n")
     assert run(capsys, "profile", "prefer", "u-1", "marketing", "email", "off")[0] == 0
     code, out, _ = run(capsys, "profile", "show", "u-1", "--json")
@@ -281,8 +284,109 @@ def test_the_profile_commands_set_show_and_prefer_on_someones_behalf(
     assert code == 0
     assert (shown["profile"]["email"], shown["profile"]["locale"]) == ("ann@example.com", "de-AT")
     assert shown["profile"]["fields"] == {"first_name": "Ann"}
+    assert (shown["profile"]["quiet_start"], shown["profile"]["quiet_end"]) == (
+        "22:00:00",
+        "07:00:00",
+    )
+    assert "quiet hours  22:00-07:00" in run(capsys, "profile", "show", "u-1")[1]
+    code, _, err = run(capsys, "profile", "set", "u-1", "--quiet-hours", "7-8")
+    assert (code, err[:40]) == (2, "notifier: quiet hours '7-8' are not HH:M")
     assert [(p["category"], p["enabled"], p["source"]) for p in shown["history"]] == [
         ("marketing", False, "operator")
     ]
     code, _, err = run(capsys, "profile", "prefer", "ghost", "marketing", "email", "off")
     assert (code, err) == (2, "notifier: no profile 'ghost': notifier profile set it first\n")
+
+
+def around_now(zone: str, minutes: int = 60) -> tuple[str, str]:
+    """Quiet hours from ``minutes`` before to ``minutes`` after the present in ``zone``."""
+    local = datetime.now(ZoneInfo(zone))
+    start, end = local - timedelta(minutes=minutes), local + timedelta(minutes=minutes)
+    return f"{start:%H:%M}", f"{end:%H:%M}"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_quiet_hours_hold_a_row_until_they_end_in_the_persons_zone_without_an_attempt(
+    engine: Engine, make_settings: MakeSettings, smtp_sink: SmtpSink,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    start, end = around_now("Asia/Kathmandu")
+    settings = make_settings(quiet_hours=f"marketing/email={start}-{end}")
+    own_start, own_end = around_now("UTC")
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "npl", email="a@example.com", time_zone="Asia/Kathmandu")
+        client.upsert_profile(conn, "owl", email="b@example.com")
+        for n, (profile, category) in enumerate(
+            [("npl", "marketing"), ("npl", "security"), ("npl", None), ("owl", "news"),
+             ("owl", "marketing")]
+        ):  # fmt: skip
+            client.enqueue(conn, channel="email", profile=profile, subject="s", body="b",
+                           category=category, key=f"q{n}")  # fmt: skip
+    # A window of the person's own, in a zone this machine does not know: the default zone.
+    sql(
+        engine,
+        "UPDATE profiles SET quiet_start = :start, quiet_end = :end, time_zone = 'Mars/Base'"
+        " WHERE id = 'owl'",
+        start=own_start,
+        end=own_end,
+    )
+
+    dispatch(engine, settings)
+
+    rows = sql(
+        engine,
+        "SELECT status, attempts, deferrals, last_error, next_attempt_at FROM notifications"
+        " ORDER BY id",
+    )
+    assert [row[:3] for row in rows] == [
+        ("pending", 0, 0), ("sent", 1, 0), ("sent", 1, 0), ("pending", 0, 0), ("pending", 0, 0)
+    ]  # fmt: skip
+    nepal = rows[0][3]
+    assert nepal.startswith(f"quiet hours {start}-{end} in Asia/Kathmandu: held until ")
+    assert nepal.endswith(f" {end} there")
+    expected = datetime.now(UTC) + timedelta(minutes=60)
+    assert abs(rows[0][4] - expected) < timedelta(minutes=2)
+    assert rows[3][3] == (
+        f"quiet hours {own_start}-{own_end} in UTC (its time zone 'Mars/Base' is unknown):"
+        f" held until {rows[3][4]:%Y-%m-%d} {own_end} there"
+    )
+    # Marketing's window is Kathmandu's present hour, not UTC's: the person's own holds it.
+    assert rows[4][3] == rows[3][3].replace(own_end + " in", f"{own_end}, {start}-{end} in")
+    assert sorted(m.rcpt_tos[0] for m in smtp_sink.messages) == ["a@example.com"] * 2
+    history = sql(engine, "SELECT outcome, attempt FROM notification_attempts"
+                          " WHERE notification_id = 1")  # fmt: skip
+    assert history == [("held", 1)]
+    code, out, _ = run(capsys, "show", "1")
+    assert code == 0
+    assert "held" in out
+    assert "quiet hours" in out
+
+
+def test_quiet_hours_that_leave_no_time_cancel_and_an_expiry_inside_them_cancels(
+    engine: Engine, make_settings: MakeSettings, smtp_sink: SmtpSink
+) -> None:
+    start, end = around_now("UTC")
+    windows = f"digest/email={end}-{start};digest={start}-{end};news={start}-{end}"
+    settings = make_settings(quiet_hours=windows)
+    soon = datetime.now(UTC) + timedelta(minutes=30)
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "u", email="a@example.com")
+        client.enqueue(conn, channel="email", profile="u", subject="s", body="b",
+                       category="digest", key="always")  # fmt: skip
+        client.enqueue(conn, channel="email", to="c@example.com", subject="s", body="b",
+                       category="news", key="soon", expires_at=soon)  # fmt: skip
+        client.enqueue(conn, channel="email", to="d@example.com", subject="s", body="b",
+                       category="billing", key="day")  # fmt: skip
+
+    dispatch(engine, settings)
+
+    rows = sql(engine, "SELECT status, last_error FROM notifications ORDER BY id")
+    assert rows[0] == (
+        "cancelled", f"quiet hours {start}-{end}, {end}-{start} leave no time of day to send"
+    )  # fmt: skip
+    assert rows[1][0] == "cancelled"
+    assert rows[1][1].startswith(
+        f"expired: it would have waited past expires_at; quiet hours {start}-{end} in UTC"
+    )
+    assert rows[2] == ("sent", None)  # no window for billing
+    assert [m.rcpt_tos for m in smtp_sink.messages] == [["d@example.com"]]
