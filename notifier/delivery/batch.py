@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from notifier.delivery.outcomes import Attempt
-from notifier.models import Notification
+from notifier.delivery.outcomes import Attempt, Plan
+from notifier.models import AttemptOutcome, Notification
 
 # The batch line is the dispatcher's, where operators filter for it.
 log = logging.getLogger("notifier.delivery.dispatcher")
@@ -22,7 +22,7 @@ class BatchReport:
     retried: int = 0
     dead: int = 0
     cancelled: int = 0
-    #: handed back unsent without using up an attempt: stopping, rate-limited, paused
+    #: handed back unsent without using up an attempt: stopping, rate-limited, paused, held
     released: int = 0
     #: outcomes that changed nothing: the row was cancelled or rescued meanwhile
     stale: int = 0
@@ -38,6 +38,14 @@ class BatchReport:
         self.claims.append(rows)
         self.claimed += rows
         self.full = rows >= limit
+
+    def tally(self, decided: Plan) -> None:
+        """Count a group of recorded outcomes."""
+        self.sent += decided.count(AttemptOutcome.sent)
+        self.dead += decided.count(AttemptOutcome.dead)
+        self.retried += decided.count(AttemptOutcome.retry)
+        self.cancelled += decided.count(AttemptOutcome.cancelled)
+        self.released += decided.count(AttemptOutcome.deferred) + decided.count(AttemptOutcome.held)
 
     @property
     def done(self) -> int:

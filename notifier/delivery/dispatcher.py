@@ -45,6 +45,7 @@ from notifier.delivery.batch import (
     Unrecorded,
     claim_size,
 )
+from notifier.delivery.caps import FrequencyCaps
 from notifier.delivery.checks import RowCheck
 from notifier.delivery.claims import Claims
 from notifier.delivery.outcomes import Attempt, Result, explain, plan
@@ -94,6 +95,7 @@ class Dispatcher:
         limiter: Limiter | None = None,
         observe: Callable[[list[Decision]], None] = lambda decisions: None,
         content: Content | None = None,
+        caps: FrequencyCaps | None = None,
     ) -> None:
         self.engine = engine
         self.registry = registry
@@ -114,6 +116,7 @@ class Dispatcher:
         self._sender = Sender(self._chains, settings)
         self._check = RowCheck(self._chains, settings, clock)
         self._pacing = Pacing(limiter or NoLimits(), self._chains, gate)
+        self._caps = caps if caps is not None else FrequencyCaps(None, {})
         history_by = self.worker if settings.record_attempts else None
         self._recorder = Recorder(engine, history_by, within=settings.lease_seconds)
 
@@ -244,6 +247,9 @@ class Dispatcher:
                 ready.append(n)
             else:
                 results[n.id] = early
+        if self._caps:  # each person's frequency caps, last: only rows about to go count
+            ready, capped = self._caps.admit(ready, self.clock())
+            results.update(capped)
         unrecorded.rows.update((n.id, n) for n in rows)
         unrecorded.add({i: Attempt(result) for i, result in results.items()})
         return ready
@@ -288,16 +294,14 @@ class Dispatcher:
             overrides=self.content.overrides,
         )
         self._pacing.block(decided.throttled)
+        if self._caps:
+            unsent = [d.id for d in decided.decisions if d.outcome is not AttemptOutcome.sent]
+            self._caps.release([unrecorded.rows[i] for i in unsent])
         changed = self._recorder.record(token, decided)
         report.stale += len(sends) - changed
         self.observe(decided.decisions)
         explain(attempted, decided, log)
-        report.sent += decided.count(AttemptOutcome.sent)
-        report.dead += decided.count(AttemptOutcome.dead)
-        report.retried += decided.count(AttemptOutcome.retry)
-        report.cancelled += decided.count(AttemptOutcome.cancelled)
-        report.released += decided.count(AttemptOutcome.deferred)
-        report.released += decided.count(AttemptOutcome.held)
+        report.tally(decided)
 
     def _durably(self, statements: Callable[[Connection], T]) -> T:
         return self._claims.durably(statements)

@@ -10,9 +10,11 @@ from pydantic_settings import BaseSettings, NoDecode
 
 from notifier.settings.parsed import parsed
 from notifier.specs import (
+    Cap,
     QuietWindow,
     parse_categories,
     parse_category_defaults,
+    parse_frequency_caps,
     parse_quiet_hours,
     parse_time_zone,
 )
@@ -49,3 +51,11 @@ class PeopleSettings(BaseSettings):
     default_time_zone: Annotated[str, parsed(parse_time_zone)] = "UTC"
     """The time zone of quiet hours for rows whose person has none, or one this machine's time
     zone database does not know (an IANA name, e.g. ``America/New_York``)."""
+
+    frequency_caps: Annotated[dict[str, Cap], NoDecode, parsed(parse_frequency_caps)] = Field(
+        default_factory=dict
+    )
+    """At most so many messages of a category to one person (a profile, or an address) in a
+    window, counted across every worker in Redis: ``marketing=1/d,3/7d;digest=2/d:wait``
+    (windows ``N/s|m|h|d``, ``N/7d``). A row over its cap is cancelled, or with ``:wait``
+    waits until the window allows it (``held``, no attempt used). Empty (the default): none."""

@@ -25,9 +25,11 @@ from notifier.specs.console import (
 )
 from notifier.specs.rates import (
     WARMUP_SYNTAX,
+    Cap,
     Warmup,
     Window,
     default_burst,
+    parse_caps,
     parse_limits,
     parse_warmup,
     parse_warmups,
@@ -40,6 +42,7 @@ __all__ = [
     "PROFILE_PATTERN",
     "STATUS_EVENTS",
     "WARMUP_SYNTAX",
+    "Cap",
     "HostPattern",
     "QuietWindow",
     "Role",
@@ -52,6 +55,7 @@ __all__ = [
     "parse_category",
     "parse_category_defaults",
     "parse_failover",
+    "parse_frequency_caps",
     "parse_hash",
     "parse_hosts",
     "parse_limits",
@@ -167,6 +171,14 @@ def parse_time_zone(text: str) -> str:
         else:
             return text
     raise ValueError(f"time zone {text[:80]!r} is not an IANA name like Europe/Vienna or UTC")
+
+
+def parse_frequency_caps(text: str) -> dict[str, Cap]:
+    """``marketing=1/d,3/7d;digest=2/d:wait`` -> each category's cap (``rates.parse_caps``)."""
+    caps = parse_caps(text)
+    for category in caps:
+        parse_category(category)
+    return caps
 
 
 def parse_categories(text: str) -> frozenset[str]:

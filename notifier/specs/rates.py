@@ -191,3 +191,41 @@ def parse_warmups(text: str) -> dict[str, Warmup]:
             )
         warmups[provider] = parse_warmup(spec)
     return warmups
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """A category's frequency cap: its windows (``limit`` per ``period``), and whether a row
+    over it waits (``wait``) or is cancelled."""
+
+    windows: tuple[Window, ...]
+    wait: bool
+    spelling: str
+
+    def args(self) -> list[int]:
+        """Each window's limit and period in ms, as the cap's Lua script takes them."""
+        return [value for w in self.windows for value in (w.limit, round(w.period * 1000))]
+
+
+def parse_caps(text: str) -> dict[str, Cap]:
+    """``marketing=1/d,3/7d;digest=2/d:wait`` -> each category's cap (``:wait``: a row over it
+    waits for the window, else it is cancelled)."""
+    caps: dict[str, Cap] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        category, sep, spec = (s.strip() for s in part.partition("="))
+        if not sep or not category or not spec:
+            raise ValueError(
+                f"{part!r} is not category=N/period[,N/period][:wait], e.g. marketing=1/d,3/7d"
+            )
+        spec, colon, action = spec.partition(":")
+        if colon and action.strip() not in ("wait", "cancel"):
+            raise ValueError(f"{part!r}: after ':' say wait or cancel")
+        windows = tuple(parse_window(w) for w in spec.split(","))
+        if any(":" in w.spelling for w in windows):
+            raise ValueError(f"{part!r}: a cap has no burst")
+        if category in caps:
+            raise ValueError(f"category {category!r} is capped twice")
+        caps[category] = Cap(
+            windows, action.strip() == "wait", ",".join(w.spelling for w in windows)
+        )
+    return caps

@@ -30,6 +30,7 @@ from celery import signals
 from notifier import db, eventloop, logs, metrics
 from notifier.db import workers
 from notifier.delivery import guards
+from notifier.delivery.caps import FrequencyCaps
 from notifier.delivery.dispatcher import Dispatcher, SendingPaused
 from notifier.delivery.ratelimit import RateLimiter
 from notifier.models import Decision
@@ -58,6 +59,7 @@ def dispatcher() -> Dispatcher:
         guards=guards.load_registry(get_settings()),
         limiter=RateLimiter(redis_client(), get_settings().rate_limits, get_settings().rate_warmup),
         observe=count,
+        caps=FrequencyCaps(redis_client(), get_settings().frequency_caps),
     )
     _start_heartbeat(dispatcher.worker)
     return dispatcher
