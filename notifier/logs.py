@@ -218,8 +218,8 @@ class MaskingFormatter(logging.Formatter):
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-#: Paths whose rest is a secret a log must not keep: one-click unsubscribe tokens.
-SECRET_PATHS = ("/u/",)
+#: Paths whose rest is a secret a log must not keep: unsubscribe and preference-center tokens.
+SECRET_PATHS = ("/u/", "/p/")
 
 
 class RedactPaths(logging.Filter):

@@ -55,6 +55,9 @@ class Subscription:
     channel: str
     recipient: str
     category: str
+    #: the person the message was for, when its row named a profile: the confirmation page
+    #: links to their preference center
+    profile: str | None = None
 
 
 def _b64(data: bytes) -> str:
@@ -65,16 +68,45 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-@functools.lru_cache(maxsize=4)
-def _cipher(secret: str) -> ChaCha20Poly1305:
-    key = HKDF(hashes.SHA256(), 32, salt=None, info=_CONTEXT + b"token key").derive(secret.encode())
+@functools.lru_cache(maxsize=8)
+def _cipher(secret: str, context: bytes) -> ChaCha20Poly1305:
+    key = HKDF(hashes.SHA256(), 32, salt=None, info=context + b"token key").derive(secret.encode())
     return ChaCha20Poly1305(key)
 
 
-def make_token(secret: str, channel: str, recipient: str, category: str) -> str:
-    payload = "\0".join((channel, recipient, category)).encode()
+def seal(secret: str, payload: str, context: bytes = _CONTEXT) -> str:
+    """``payload`` encrypted and authenticated under a key of ``secret`` for ``context`` (what
+    the token is for: a token of one context is no token of another), as URL-safe text."""
     nonce = os.urandom(_NONCE)
-    return _b64(nonce + _cipher(secret).encrypt(nonce, payload, _CONTEXT))
+    return _b64(nonce + _cipher(secret, context).encrypt(nonce, payload.encode(), context))
+
+
+def unseal(secret: str, token: str, context: bytes = _CONTEXT) -> str | None:
+    """What ``seal`` sealed in ``token`` for ``context``, or ``None`` if this secret did not."""
+    if len(token) > MAX_TOKEN:
+        return None
+    try:
+        sealed = _unb64(token)
+    except (binascii.Error, ValueError):
+        return None
+    if len(sealed) <= _NONCE:
+        return None
+    try:
+        payload = _cipher(secret, context).decrypt(sealed[:_NONCE], sealed[_NONCE:], context)
+    except InvalidTag:
+        return None
+    return payload.decode("utf-8", "replace")
+
+
+def make_token(
+    secret: str, channel: str, recipient: str, category: str, profile: str | None = None
+) -> str:
+    parts = (
+        (channel, recipient, category)
+        if profile is None
+        else (channel, recipient, category, profile)
+    )
+    return seal(secret, "\0".join(parts))
 
 
 def read_token(secret: str, token: str) -> Subscription | None:
@@ -83,18 +115,13 @@ def read_token(secret: str, token: str) -> Subscription | None:
         return None
     if "." in token:
         return _read_legacy(secret, token)
-    try:
-        sealed = _unb64(token)
-    except (binascii.Error, ValueError):
+    payload = unseal(secret, token)
+    if payload is None:
         return None
-    if len(sealed) <= _NONCE:
-        return None
-    try:
-        payload = _cipher(secret).decrypt(sealed[:_NONCE], sealed[_NONCE:], _CONTEXT)
-    except InvalidTag:
-        return None
-    parts = payload.decode("utf-8", "replace").split("\0")
+    parts = payload.split("\0")
     # An empty category: the link of a message without one, which opts out of everything.
+    if len(parts) == 4 and all(parts[:2]) and parts[3]:
+        return Subscription(*parts)
     return Subscription(*parts) if len(parts) == 3 and all(parts[:2]) else None
 
 
@@ -114,7 +141,11 @@ def _read_legacy(secret: str, token: str) -> Subscription | None:
 
 
 def headers(
-    settings: Settings, channel: str, recipient: str, category: str | None
+    settings: Settings,
+    channel: str,
+    recipient: str,
+    category: str | None,
+    profile: str | None = None,
 ) -> dict[str, str]:
     """The List-Unsubscribe headers for a message of ``category``, whose link opts out of that
     category; for a message without one (a row that asked with ``payload.unsubscribe``), a link
@@ -123,7 +154,7 @@ def headers(
     base, secret = settings.events_public_url, settings.unsubscribe_secret
     if not base or not secret:
         return {}
-    token = make_token(secret, channel, recipient, category or "")
+    token = make_token(secret, channel, recipient, category or "", profile)
     targets = [f"<{base.rstrip('/')}/u/{token}>"]
     if settings.unsubscribe_mailto:
         subject = quote(f"unsubscribe {token}")
@@ -132,3 +163,26 @@ def headers(
         "List-Unsubscribe": ", ".join(targets),
         "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
     }
+
+
+#: The context of preference-center tokens: sealed like unsubscribe tokens, never one of them.
+PREFERENCES = b"notifier-preferences\0"
+
+
+def preferences_token(secret: str, profile_id: str) -> str:
+    """A token naming a profile for its preference center (``notifier.preference_center``)."""
+    return seal(secret, profile_id, PREFERENCES)
+
+
+def read_preferences_token(secret: str, token: str) -> str | None:
+    """The profile id a preference-center token names, or ``None`` if this secret made none."""
+    return unseal(secret, token, PREFERENCES) or None
+
+
+def preferences_url(settings: Settings, profile_id: str) -> str | None:
+    """The person's preference center, or ``None`` where the deployment has none (no
+    ``NOTIFIER_PREFERENCE_CENTER``, ``NOTIFIER_EVENTS_PUBLIC_URL`` or secret)."""
+    base, secret = settings.events_public_url, settings.unsubscribe_secret
+    if not base or not secret or not settings.preference_center:
+        return None
+    return f"{base.rstrip('/')}/p/{preferences_token(secret, profile_id)}"

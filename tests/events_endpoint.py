@@ -36,6 +36,8 @@ POSTMARK_AUTH = "postmark:s3cret"
 TWILIO_TOKEN = "twilio-auth-token-test"
 PUBLIC = "https://events.example.test"
 SECRET = "unsubscribe-secret-test"
+#: The preference center the endpoint serves: its categories and their channels.
+CENTER = "marketing=email,sms;digest=email;security=email"
 #: JSON nested 10,000 deep: deeper than any parser's recursion.
 DEEP = b"[" * 10_000 + b"]" * 10_000
 
@@ -125,6 +127,8 @@ def running_endpoint(database_url: str, redis_url: str, tmp_path: Path) -> Itera
         "NOTIFIER_EVENTS_PUBLIC_URL": PUBLIC,
         "NOTIFIER_UNSUBSCRIBE_SECRET": SECRET,
         "NOTIFIER_SOFT_BOUNCE_LIMIT": "3",
+        "NOTIFIER_PREFERENCE_CENTER": CENTER,
+        "NOTIFIER_PREFERENCE_DEFAULTS": "digest=off",
     }
     log = tmp_path / "events.log"
     with log.open("wb") as out:

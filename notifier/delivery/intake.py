@@ -79,9 +79,8 @@ class Intake:
         if n.template is not None and isinstance(n.payload, dict):
             if templates is None:
                 return self._unrendered_problem(n)
-            rendered = apply(
-                template_of(n, templates(n.template, n.channel), self.settings.default_locale), n
-            )
+            found = template_of(n, templates(n.template, n.channel), self.settings.default_locale)
+            rendered = apply(found, n, self.settings)
             if isinstance(rendered, str):
                 return rendered
             n = rendered

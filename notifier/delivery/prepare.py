@@ -56,6 +56,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from notifier import unsubscribe
 from notifier.db import suppressions, templates
 from notifier.delivery.checks import named
 from notifier.delivery.outcomes import Cancelled, Result
@@ -130,13 +131,16 @@ def compile_template(
     return Compiled(name, channel, locale, *parts)
 
 
-def render(template: Compiled, n: Notification) -> Notification:
-    """``n`` with the template's parts rendered from its payload; raises ``TemplateProblem``."""
+def render(
+    template: Compiled, n: Notification, links: Mapping[str, str] | None = None
+) -> Notification:
+    """``n`` with the template's parts rendered from its payload (and its person's fields, and
+    ``links``: ``preferences_url``); raises ``TemplateProblem``."""
     where = f"template {template.name!r} ({template.channel}, {template.locale})"
     if template.error is not None:
         raise TemplateProblem(f"{where} does not compile: {template.error}")
     fields = n.profile.fields if n.profile is not None else {}
-    values: dict[str, Any] = {"recipient": n.recipient, **fields, **n.payload}
+    values: dict[str, Any] = {"recipient": n.recipient, **(links or {}), **fields, **n.payload}
     try:
         subject = n.subject if template.subject is None else template.subject.render(values)
         body = n.body if template.body is None else template.body.render(values)
@@ -199,6 +203,7 @@ class Content:
     ) -> None:
         self.engine = engine
         self.default_locale = settings.default_locale
+        self.settings = settings
         self.overrides = settings.override_recipients
         self.preference_defaults = settings.preference_defaults
         self.critical = settings.critical_categories
@@ -264,7 +269,7 @@ class Content:
                 continue
             found = templates.get(n.id)
             if found is not None:
-                done = apply(found, n)
+                done = apply(found, n, self.settings)
                 if isinstance(done, str):
                     results[n.id] = Permanent(done)
                     continue
@@ -347,13 +352,22 @@ def template_of(
     return next((by_locale[c] for c in chain if c in by_locale), None) or _no_template(n, chain)
 
 
-def apply(found: Compiled | str, n: Notification) -> Notification | str:
+def links(settings: Settings, n: Notification) -> dict[str, str]:
+    """The links a template of ``n`` may use: ``preferences_url``, the preference center of
+    the person the row addresses, where the deployment has one."""
+    url = None if n.profile is None else unsubscribe.preferences_url(settings, n.profile.id)
+    return {} if url is None else {"preferences_url": url}
+
+
+def apply(
+    found: Compiled | str, n: Notification, settings: Settings | None = None
+) -> Notification | str:
     """``n`` rendered with the template ``found`` for it, or why it cannot be, as the row's
     ``last_error``: what ``prepare`` does with each templated row."""
     if isinstance(found, str):
         return found
     try:
-        return render(found, n)
+        return render(found, n, links(settings, n) if settings is not None else None)
     except TemplateProblem as exc:
         return str(exc)
 

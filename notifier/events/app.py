@@ -10,6 +10,8 @@ Routes (give each provider its URL under ``NOTIFIER_EVENTS_PUBLIC_URL``):
 * ``GET /u/{token}`` - a page with one button; ``POST /u/{token}`` - RFC 8058 one-click: only
   a body of exactly ``List-Unsubscribe=One-Click``, or the page's own form, opts out; HEAD
   shows the page, other methods are answered 405
+* ``GET /p/{token}`` - a person's preference center; ``POST /p/{token}`` - its form, saved
+  (``notifier.preference_center``)
 * ``GET /health`` - ``ok``
 
 A request is verified before anything in it is read for meaning, by the cheapest check that can
@@ -43,7 +45,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from notifier import metrics, unsubscribe
+from notifier import metrics, preference_center, unsubscribe
+from notifier.db import profiles
 from notifier.events import mailgun, postmark, sendgrid, sns, twilio
 from notifier.events.model import Event, Refused, parse_json
 from notifier.events.state import Applier
@@ -56,6 +59,8 @@ COUNTS_KEY = metrics.EVENTS_KEY
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: Largest unsubscribe form read: the one-click form is 26 bytes, multipart a few hundred.
 MAX_FORM_BYTES = 4096
+#: Largest preference-center form read: a field per category and channel.
+MAX_PREFERENCES_FORM_BYTES = 65_536
 
 Handler = Callable[[bytes, Request], list[Event]]
 #: What a request's headers alone show, checked before its body is read: raises ``Refused``.
@@ -163,7 +168,45 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
             applier.opt_out, found.channel, found.recipient, found.category, reason
         )
         count("unsubscribe", "applied")
-        return HTMLResponse(_page(f"You will get no more {what} messages."))
+        center = unsubscribe.preferences_url(settings, found.profile) if found.profile else None
+        more = (
+            f' <a href="{html.escape(center)}">Choose what else you receive</a>.' if center else ""
+        )
+        return HTMLResponse(_page(f"You will get no more {what} messages.{more}"))
+
+    def preferences_text(profile_id: str, saved: preference_center.Choices | None) -> str | None:
+        with engine.begin() as conn:
+            if saved is not None and profiles.get(conn, profile_id) is not None:
+                preference_center.save(conn, profile_id, saved)
+            return preference_center.page(settings, conn, profile_id, saved=saved is not None)
+
+    async def preferences_page(request: Request) -> Response:
+        secret = settings.unsubscribe_secret
+        token = request.path_params["token"]
+        found = unsubscribe.read_preferences_token(secret, token) if secret else None
+        if found is None or not settings.preference_center:
+            count("preferences", "refused")
+            return _center(403, "This link is not valid.")
+        saved = None
+        if request.method == "POST":
+            body = await _body(request, MAX_PREFERENCES_FORM_BYTES)
+            form = None if body is None else _fields(body, request.headers.get("content-type", ""))
+            try:
+                saved = preference_center.choices(settings, form if form is not None else {"": ""})
+            except preference_center.Refused as exc:
+                log.info("refused a preference-center form: %s", exc)
+                count("preferences", "refused")
+                return _center(400, "Nothing was changed.")
+        try:
+            text = await run_in_threadpool(preferences_text, found, saved)
+        except SQLAlchemyError:
+            log.exception("could not show or save a preference center")
+            return _center(503, "Please try again in a moment.")
+        if text is None:
+            return _center(404, "There is nothing to set here any more.")
+        if saved is not None:
+            count("preferences", "applied")
+        return HTMLResponse(text, headers=preference_center.HEADERS)
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -183,6 +226,7 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
         ),
         Route("/twilio", receive("twilio", twilio_events, twilio_header), methods=["POST"]),
         Route("/u/{token}", unsubscribe_page, methods=["GET", "POST"]),
+        Route("/p/{token}", preferences_page, methods=["GET", "POST"]),
         Route("/health", health, methods=["GET"]),
     ]
     return Starlette(routes=routes)
@@ -231,6 +275,11 @@ def _fields(body: bytes, content_type: str) -> dict[str, str] | None:
 def _subscription(settings: Settings, token: str) -> unsubscribe.Subscription | None:
     secret = settings.unsubscribe_secret
     return unsubscribe.read_token(secret, token) if secret else None
+
+
+def _center(status: int, text: str) -> HTMLResponse:
+    body = preference_center.document(text, f"<p>{html.escape(text)}</p>")
+    return HTMLResponse(body, status_code=status, headers=preference_center.HEADERS)
 
 
 def _page(text: str) -> str:

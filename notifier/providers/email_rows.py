@@ -168,11 +168,14 @@ def _check_domain(recipient: str) -> None:
 
 
 def list_unsubscribe(settings: Settings, n: Notification) -> dict[str, str]:
-    """RFC 8058 one-click ``List-Unsubscribe`` headers for a campaign row or one whose
-    ``payload.unsubscribe`` is true; none for a transactional row (no category), which has
-    nothing to opt out of."""
-    if n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None:
-        return unsubscribe.headers(settings, n.channel, n.recipient, n.category)
+    """RFC 8058 one-click ``List-Unsubscribe`` headers for a campaign row, a row of a person
+    (a profile) with a category that is not critical, or one whose ``payload.unsubscribe`` is
+    true; none for a transactional row (no category), which has nothing to opt out of."""
+    wanted = n.payload.get("unsubscribe") is True or n.payload.get("campaign") is not None
+    personal = n.profile is not None and n.category not in (None, *settings.critical_categories)
+    if wanted or personal:
+        person = n.profile.id if n.profile is not None else None
+        return unsubscribe.headers(settings, n.channel, n.recipient, n.category, person)
     return {}
 
 

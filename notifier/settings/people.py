@@ -15,6 +15,7 @@ from notifier.specs import (
     parse_categories,
     parse_category_defaults,
     parse_frequency_caps,
+    parse_preference_center,
     parse_quiet_hours,
     parse_time_zone,
 )
@@ -59,3 +60,11 @@ class PeopleSettings(BaseSettings):
     window, counted across every worker in Redis: ``marketing=1/d,3/7d;digest=2/d:wait``
     (windows ``N/s|m|h|d``, ``N/7d``). A row over its cap is cancelled, or with ``:wait``
     waits until the window allows it (``held``, no attempt used). Empty (the default): none."""
+
+    preference_center: Annotated[
+        dict[str, list[str]], NoDecode, parsed(parse_preference_center)
+    ] = Field(default_factory=dict)
+    """The categories, and their channels, a person may turn on and off on their preference
+    center (``notifier events``' ``/p/`` pages, ``{{ preferences_url }}`` in templates):
+    ``marketing=email,sms;digest=email``, listed in this order. Critical categories are shown
+    as always sent. Empty (the default): no preference center."""

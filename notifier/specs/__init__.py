@@ -61,6 +61,7 @@ __all__ = [
     "parse_limits",
     "parse_networks",
     "parse_overrides",
+    "parse_preference_center",
     "parse_profile_id",
     "parse_quiet_hours",
     "parse_quiet_window",
@@ -179,6 +180,26 @@ def parse_frequency_caps(text: str) -> dict[str, Cap]:
     for category in caps:
         parse_category(category)
     return caps
+
+
+def parse_preference_center(text: str) -> dict[str, list[str]]:
+    """``marketing=email,sms;digest=email`` -> the channels of each category, in order, as the
+    preference center lists them."""
+    center: dict[str, list[str]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        category, sep, channels = (s.strip() for s in part.partition("="))
+        names = [c.strip() for c in channels.split(",") if c.strip()]
+        if not sep or not names:
+            raise ValueError(
+                f"{part!r} is not category=channel[,channel], e.g. marketing=email,sms"
+            )
+        for name in names:
+            if not re.fullmatch(r"[a-z0-9_]{1,64}", name):
+                raise ValueError(f"{part!r}: {name[:40]!r} is not a channel name")
+        if category in center:
+            raise ValueError(f"category {category!r} is listed twice")
+        center[parse_category(category)] = list(dict.fromkeys(names))
+    return center
 
 
 def parse_categories(text: str) -> frozenset[str]:

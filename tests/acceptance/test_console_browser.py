@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -17,16 +16,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 from tests.acceptance.conftest import Services, wait_for
+from tests.browser import chromium, needs_chromium
 from tests.console_server import HOSTILE, PASSWORDS, Console, console_env, seed
 
-CHROMIUM = "/usr/bin/chromium"
-
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
-    reason="needs Debian's chromium (apt-get install chromium chromium-driver; .ci/run does)",
-)
-
-sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = needs_chromium
 
 
 @pytest.fixture
@@ -38,10 +31,8 @@ def console(database_url: str, tmp_path: Path) -> Iterator[Console]:
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def row(engine: Engine, row_id: int) -> tuple[str, int]:
