@@ -35,7 +35,7 @@ from notifier.db.campaigns import CampaignRow, Counts
 from notifier.delivery.intake import intake_for
 from notifier.models import CampaignStatus
 from notifier.settings import get_settings
-from notifier.specs import normalize_locale, parse_category
+from notifier.specs import normalize_locale, parse_category, parse_profile_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +89,22 @@ class Campaigns:
         priority: int = -10,
         max_attempts: int = 5,
         category: str = "marketing",
+        audience: str = "addresses",
     ) -> int:
         """A draft campaign; its message is ``subject`` and ``body`` with ``{placeholders}``, or
         the stored ``template`` (in ``locale``, else ``NOTIFIER_DEFAULT_LOCALE``), which must
         exist for ``channel`` already. Its rows are of ``category``: a one-click unsubscribe
-        from one of them opts out of that category only."""
+        from one of them opts out of that category only. ``audience="profiles"``: its audience
+        is profiles' ids, and each row goes to its person's address when it is sent, with
+        their preferences, quiet hours and caps."""
         render_sql(subject, body)  # refuse a bad template now, not at launch
+        if audience not in ("addresses", "profiles"):
+            raise CampaignError(f"audience is addresses or profiles, not {audience!r}")
+        if audience == "profiles" and "{recipient}" in f"{subject or ''}{body or ''}":
+            raise CampaignError(
+                "a campaign to profiles does not know addresses at launch: leave {recipient}"
+                " out, or use a stored template ({{ recipient }} is the address sent to)"
+            )
         if max_attempts < 1:
             raise CampaignError("max_attempts must be at least 1")
         try:
@@ -130,6 +140,7 @@ class Campaigns:
                     "priority": priority,
                     "max_attempts": max_attempts,
                     "category": category,
+                    "audience": audience,
                 },
             )
 
@@ -176,7 +187,7 @@ class Campaigns:
                 rows,
                 recipient_column,
                 refuse_duplicates=on_duplicate == "refuse",
-                check=_recipient_check(campaign.channel),
+                check=_recipient_check(campaign),
                 skip_invalid=skip_invalid,
             )
 
@@ -192,7 +203,7 @@ class Campaigns:
                 conn,
                 campaign.id,
                 query,
-                check=_recipient_check(campaign.channel),
+                check=_recipient_check(campaign),
                 skip_invalid=skip_invalid,
             )
 
@@ -295,11 +306,23 @@ class Campaigns:
             return campaigns_db.cancel_unsent(conn, campaign.id)
 
 
-def _recipient_check(channel: str) -> audience_db.RecipientCheck:
+def _recipient_check(campaign: CampaignRow) -> audience_db.RecipientCheck:
+    """What an audience entry of ``campaign`` must be: an address its channel takes, or for a
+    campaign to profiles a profile's id."""
+    if campaign.audience == "profiles":
+        return _profile_problem
     try:
-        return intake_for(get_settings()).recipient_check(channel)
+        return intake_for(get_settings()).recipient_check(campaign.channel)
     except ValueError as exc:
         raise CampaignError(f"the campaign's channel: {exc}") from None
+
+
+def _profile_problem(entry: str) -> str | None:
+    try:
+        parse_profile_id(entry)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _refuse_if_finished(campaign: CampaignRow, verb: str) -> None:

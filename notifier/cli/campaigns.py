@@ -98,6 +98,14 @@ def campaign() -> None:
     help="What the campaign's messages are: a one-click unsubscribe opts out of this category"
     " only, e.g. marketing or newsletter.",
 )
+@click.option(
+    "--audience",
+    type=click.Choice(["addresses", "profiles"]),
+    default="addresses",
+    show_default=True,
+    help="What the audience lists: recipients' addresses, or profiles' ids (each row then goes"
+    " to its person's address when sent, with their preferences, quiet hours and caps).",
+)
 @output.json_option
 def create(
     name: str,
@@ -110,6 +118,7 @@ def create(
     priority: int,
     max_attempts: int,
     category: str,
+    audience: str,
 ) -> int:
     campaign_id = campaign_service().create(
         name,
@@ -122,6 +131,7 @@ def create(
         priority=priority,
         max_attempts=max_attempts,
         category=category,
+        audience=audience,
     )
     output.emit(
         {"name": name, "id": campaign_id},

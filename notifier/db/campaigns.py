@@ -21,16 +21,16 @@ CREATE = text(
     """
     INSERT INTO campaigns
            (name, channel, subject, body, template, locale, payload, priority, max_attempts,
-            category)
+            category, audience)
     VALUES (:name, :channel, :subject, :body, :template, :locale, CAST(:payload AS jsonb),
-            :priority, :max_attempts, :category)
+            :priority, :max_attempts, :category, :audience)
     RETURNING id
     """
 )
 
 BY_NAME = text(
     "SELECT id, name, channel, subject, body, payload, status, priority, max_attempts,"
-    " template, locale, category FROM campaigns WHERE name = :name"
+    " template, locale, category, audience FROM campaigns WHERE name = :name"
 )
 
 SET_STATUS = text(
@@ -155,6 +155,8 @@ class CampaignRow:
     locale: str | None = None
     #: every row's category: what its opt-outs are of
     category: str = "marketing"
+    #: ``addresses``: the audience is recipients; ``profiles``: it is profiles' ids
+    audience: str = "addresses"
 
 
 @dataclass(frozen=True, slots=True)

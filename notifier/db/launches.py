@@ -46,9 +46,9 @@ LAST_POSITION = text(
 # {payload} is one of the two below.
 FAN_OUT = """
     INSERT INTO notifications
-           (channel, recipient, subject, body, payload, priority, max_attempts, campaign_id,
-            next_attempt_at, template, locale, category)
-    SELECT :channel, r.recipient, {subject}, {body},
+           (channel, recipient, profile, subject, body, payload, priority, max_attempts,
+            campaign_id, next_attempt_at, template, locale, category)
+    SELECT :channel, {addressee}, {subject}, {body},
            {payload} || CASE WHEN k.code IS NULL THEN '{{}}'::jsonb
                              ELSE jsonb_build_object('code', k.code) END,
            :priority, :max_attempts, :id,
@@ -70,11 +70,26 @@ TEMPLATED_PAYLOAD = (
     "CAST(:payload AS jsonb) || r.fields"
     " || jsonb_build_object('campaign', CAST(:name AS text), 'recipient', r.recipient)"
 )
+# A person's template renders ``recipient`` from the address it is sent to, and their fields.
+PROFILE_TEMPLATED_PAYLOAD = (
+    "CAST(:payload AS jsonb) || r.fields || jsonb_build_object('campaign', CAST(:name AS text))"
+)
 
 # Skipping the rows a chunk already has costs a fifth of its time (a speculative insertion per
 # row), so only a chunk that has some pays for it. Launches of a campaign take turns (a session
 # lock held by the launch), so what a launch finds before writing stays true while it writes.
-ON_CONFLICT = "ON CONFLICT (campaign_id, recipient) WHERE campaign_id IS NOT NULL DO NOTHING"
+ON_CONFLICT = (
+    "ON CONFLICT (campaign_id, recipient) WHERE campaign_id IS NOT NULL AND profile IS NULL"
+    " DO NOTHING"
+)
+# A campaign to profiles: each audience entry is a profile's id; the address is the person's
+# when the row is sent (``notifier.db.profiles``).
+TO_ADDRESS = "r.recipient, NULL"
+TO_PROFILE = "'', r.recipient"
+PROFILE_ON_CONFLICT = (
+    "ON CONFLICT (campaign_id, profile) WHERE campaign_id IS NOT NULL AND profile IS NOT NULL"
+    " DO NOTHING"
+)
 
 LOCK_LAUNCH = text("SELECT pg_advisory_lock(hashtext('notifier.launch'), CAST(:id AS int))")
 UNLOCK_LAUNCH = text("SELECT pg_advisory_unlock(hashtext('notifier.launch'), CAST(:id AS int))")
@@ -151,11 +166,15 @@ def fan_out(
     subject_sql, body_sql, params = rendered
     chunk = {"id": campaign.id, "after": after, "upto": upto}
     started = not fresh and bool(conn.execute(CHUNK_STARTED, chunk).scalar_one())
+    people = campaign.audience == "profiles"
+    templated = PROFILE_TEMPLATED_PAYLOAD if people else TEMPLATED_PAYLOAD
+    conflict = PROFILE_ON_CONFLICT if people else ON_CONFLICT
     sql = FAN_OUT.format(
+        addressee=TO_PROFILE if people else TO_ADDRESS,
         subject=subject_sql,
         body=body_sql,
-        payload=PAYLOAD if campaign.template is None else TEMPLATED_PAYLOAD,
-        on_conflict=ON_CONFLICT if started else "",
+        payload=PAYLOAD if campaign.template is None else templated,
+        on_conflict=conflict if started else "",
     )
     values = {
         **params,

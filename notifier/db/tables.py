@@ -120,7 +120,14 @@ notifications = Table(
         "campaign_id",
         "recipient",
         unique=True,
-        postgresql_where=text("campaign_id IS NOT NULL"),
+        postgresql_where=text("campaign_id IS NOT NULL AND profile IS NULL"),
+    ),
+    Index(
+        "notifications_campaign_profile",
+        "campaign_id",
+        "profile",
+        unique=True,
+        postgresql_where=text("campaign_id IS NOT NULL AND profile IS NOT NULL"),
     ),
     Index("notifications_dead", "updated_at", postgresql_where=text("status = 'dead'")),
     Index(
@@ -156,6 +163,7 @@ campaigns = Table(
     Column("template", Text),
     Column("locale", Text),
     Column("category", Text, nullable=False, server_default=text("'marketing'::text")),
+    Column("audience", Text, nullable=False, server_default=text("'addresses'::text")),
     CheckConstraint(
         "status IN ('draft', 'launching', 'running', 'paused', 'cancelled', 'finished')",
         name="campaigns_status",
@@ -168,6 +176,7 @@ campaigns = Table(
         "locale IS NULL OR template IS NOT NULL", name="campaigns_locale_with_template"
     ),
     CheckConstraint(CATEGORY_CHECK, name="campaigns_category"),
+    CheckConstraint("audience IN ('addresses', 'profiles')", name="campaigns_audience"),
 )
 
 # Recipient N of a campaign is given code N: positions are dense per campaign, in import order.

@@ -4,6 +4,7 @@ in the person's locale, with their fields, unless they turned its category off."
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from notifier import client
+from notifier.campaigns import CampaignError, Campaigns
 from notifier.db import profiles
 from notifier.db.templates import upsert_template
 from notifier.delivery.dispatcher import Dispatcher
@@ -390,3 +392,41 @@ def test_quiet_hours_that_leave_no_time_cancel_and_an_expiry_inside_them_cancels
     )
     assert rows[2] == ("sent", None)  # no window for billing
     assert [m.rcpt_tos for m in smtp_sink.messages] == [["d@example.com"]]
+
+
+def test_a_campaign_to_profiles_reaches_each_person_once_as_their_settings_say(
+    engine: Engine, make_settings: MakeSettings, smtp_sink: SmtpSink
+) -> None:
+    start, end = around_now("Asia/Tokyo")
+    settings = make_settings(quiet_hours=f"marketing={start}-{end}", batch_size=100)
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "p1", email="one@example.com", fields={"name": "One"})
+        client.upsert_profile(conn, "p2", email="two@example.com", fields={"name": "Two"},
+                              time_zone="Asia/Tokyo")  # fmt: skip
+        client.upsert_profile(conn, "p3", email="three@example.com", fields={"name": "Three"})
+        profiles.set_preference(conn, "p3", "marketing", "email", False, "person")
+    campaigns = Campaigns(engine)
+    with pytest.raises(CampaignError, match="does not know addresses at launch"):
+        campaigns.create("bad", "email", subject="Hi {recipient}", body="x", audience="profiles")
+    campaigns.create("spring", "email", subject="Hi {name}", body="Code {code}",
+                     audience="profiles")  # fmt: skip
+    audience = io.StringIO("profile,name\np1,One\np2,Two\np3,Three\np1,Again\n")
+    assert campaigns.import_audience("spring", audience, "profile") == 3
+    with pytest.raises(ValueError, match="profile id 'not an id'"):
+        campaigns.import_audience("spring", io.StringIO("profile\nnot an id\n"), "profile")
+    campaigns.generate_codes("spring", 3)
+    assert campaigns.launch("spring") == 3
+    assert campaigns.launch("spring") == 0  # a re-run writes nobody twice
+
+    dispatch(engine, settings)
+
+    rows = sql(engine, "SELECT profile, recipient, status, left(last_error, 40) FROM notifications"
+                       " ORDER BY profile")  # fmt: skip
+    assert rows == [
+        ("p1", "", "sent", None),
+        ("p2", "", "pending", f"quiet hours {start}-{end} in Asia/Tokyo: h"),
+        ("p3", "", "cancelled", "preference: profile 'p3' turned marketin"),
+    ]
+    [message] = smtp_sink.messages
+    assert message.rcpt_tos == ["one@example.com"]
+    assert message.message["Subject"] == "Hi One"
