@@ -211,6 +211,18 @@ def history(conn: Connection, profile_id: str, limit: int = 100) -> list[Prefere
     return [Preference(*row) for row in rows]
 
 
+def recent(conn: Connection, profile_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The person's latest notifications, newest first (``notifications_profile``)."""
+    rows = conn.execute(
+        text(
+            "SELECT id, channel, recipient, status, category, created_at, updated_at, last_error"
+            " FROM notifications WHERE profile = :id ORDER BY id DESC LIMIT :limit"
+        ),
+        {"id": profile_id, "limit": limit},
+    )
+    return [dict(r) for r in rows.mappings()]
+
+
 __all__ = [
     "CLAIM_PROFILE",
     "MAX_PUSH_TOKENS",
@@ -222,6 +234,7 @@ __all__ = [
     "get",
     "history",
     "preferences",
+    "recent",
     "set_preference",
     "upsert_statement",
 ]

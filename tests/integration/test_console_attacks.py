@@ -56,6 +56,9 @@ ROUTES = [
     ("GET", "/templates"),
     ("GET", "/templates/{}/{}/{}"),
     ("POST", "/templates/{}/{}/{}"),
+    ("GET", "/people"),
+    ("GET", "/people/{}"),
+    ("POST", "/people/{}/prefer"),
     ("GET", "/static/{}"),
 ]
 #: Every query parameter and form field a page or action reads.
