@@ -4,6 +4,6 @@ Producers need only ``enqueue`` and ``cancel``; the Celery app lives in ``notifi
 its tasks in ``notifier.worker.tasks``.
 """
 
-from notifier.client import Enqueued, cancel, enqueue
+from notifier.client import Enqueued, cancel, enqueue, upsert_profile
 
-__all__ = ["Enqueued", "cancel", "enqueue"]
+__all__ = ["Enqueued", "cancel", "enqueue", "upsert_profile"]
