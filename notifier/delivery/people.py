@@ -16,7 +16,7 @@ know (the reason says so).
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -70,9 +70,13 @@ def quiet_hold(
     quiet_hours: Mapping[str, QuietWindow],
     critical: Set[str],
     default_zone: str,
+    margin: float = 0.0,
 ) -> Held | Cancelled | None:
     """``Held`` until the quiet hours that hold ``n`` at ``now`` end, or ``None`` if none does
-    (or it is transactional or critical); ``Cancelled`` if they leave no time of day."""
+    (or it is transactional or critical); ``Cancelled`` if they leave no time of day.
+
+    A row is sent some time after this look (its batch sends until its deadline): a window
+    that begins within ``margin`` seconds holds it too, so that no send starts inside one."""
     if n.category is None or n.category in critical:
         return None
     windows = windows_for(n, quiet_hours)
@@ -84,6 +88,8 @@ def quiet_hold(
     zone = zone or _zone(default_zone) or ZoneInfo("UTC")
     try:
         until = held_until(now, zone, windows)
+        if until is None and margin > 0:
+            until = held_until(now + timedelta(seconds=margin), zone, windows)
     except AlwaysQuiet as exc:
         return Cancelled(str(exc))
     if until is None:

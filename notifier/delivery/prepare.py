@@ -247,6 +247,8 @@ class Content:
         if not stopped and not templated and not self.overrides and not quiet:
             return rows, {}
         now = self.now()
+        # A batch sends until its dispatch budget ends, each send at most this long after.
+        margin = self.settings.dispatch_budget_seconds + self.settings.longest_send_seconds
         templates = self._templates(conn, templated) if templated else {}
         ready: list[Notification] = []
         results: dict[int, Result] = {}
@@ -260,7 +262,7 @@ class Content:
                 results[n.id] = Cancelled(refused)
                 continue
             held = (
-                quiet_hold(n, now, self.quiet_hours, self.critical, self.default_zone)
+                quiet_hold(n, now, self.quiet_hours, self.critical, self.default_zone, margin)
                 if quiet
                 else None
             )

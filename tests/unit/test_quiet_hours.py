@@ -4,13 +4,17 @@ windows that follow one another, and a property over any moment, zone and window
 from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
+from uuid import uuid4
 from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from notifier.delivery.outcomes import Held
+from notifier.delivery.people import quiet_hold
 from notifier.delivery.quiet import AlwaysQuiet, held_until, inside, leaves_no_time
+from notifier.models import Notification
 from notifier.specs import QuietWindow, parse_quiet_hours, parse_quiet_window
 
 VIENNA = ZoneInfo("Europe/Vienna")
@@ -127,3 +131,17 @@ def test_inside_takes_the_start_and_not_the_end() -> None:
     assert inside((time(9), time(17)), time(9))
     assert not inside((time(9), time(17)), time(17))
     assert parse_quiet_window("9:00-10:00".rjust(11, "0")) == (time(9), time(10))
+
+
+def test_a_window_that_begins_before_the_send_could_start_holds_the_row() -> None:
+    row = Notification(
+        1, "email", "a@example.com", None, "b", {}, 1, 5, uuid4(), datetime.now(UTC),
+        category="marketing",
+    )  # fmt: skip
+    now = datetime(2026, 12, 2, 20, 59, 30, tzinfo=UTC)  # 21:59:30 in Vienna
+    quiet = {"marketing": (time(22), time(7))}
+    assert quiet_hold(row, now, quiet, set(), "Europe/Vienna") is None
+    held = quiet_hold(row, now, quiet, set(), "Europe/Vienna", margin=60)
+    assert isinstance(held, Held)
+    assert held.until == datetime(2026, 12, 3, 6, tzinfo=UTC)  # 07:00 in Vienna
+    assert quiet_hold(row, now, quiet, {"marketing"}, "Europe/Vienna", margin=60) is None
