@@ -108,14 +108,20 @@ RECORD_CHUNK = text(
 
 HAS_ROWS = text("SELECT EXISTS (SELECT 1 FROM notifications WHERE campaign_id = :id)")
 
-CHUNK_STARTED = text(
-    """
+# Whether a chunk already has rows: one probe per recipient of the partial unique index its
+# audience writes through (the predicate is spelled out so the planner can use that index).
+CHUNK_STARTED = """
     SELECT EXISTS (SELECT 1 FROM campaign_recipients r
                     CROSS JOIN LATERAL (SELECT 1 FROM notifications n
-                                         WHERE n.campaign_id = :id AND n.recipient = r.recipient
-                                         LIMIT 1) AS written  -- one index probe per recipient
+                                         WHERE n.campaign_id = :id AND {probe}
+                                         LIMIT 1) AS written
                     WHERE r.campaign_id = :id AND r.position > :after AND r.position <= :upto)
-    """
+"""
+ADDRESS_WRITTEN = text(
+    CHUNK_STARTED.format(probe="n.recipient = r.recipient AND n.profile IS NULL")
+)
+PROFILE_WRITTEN = text(
+    CHUNK_STARTED.format(probe="n.profile = r.recipient AND n.profile IS NOT NULL")
 )
 
 
@@ -165,8 +171,9 @@ def fan_out(
     """
     subject_sql, body_sql, params = rendered
     chunk = {"id": campaign.id, "after": after, "upto": upto}
-    started = not fresh and bool(conn.execute(CHUNK_STARTED, chunk).scalar_one())
     people = campaign.audience == "profiles"
+    probe = PROFILE_WRITTEN if people else ADDRESS_WRITTEN
+    started = not fresh and bool(conn.execute(probe, chunk).scalar_one())
     templated = PROFILE_TEMPLATED_PAYLOAD if people else TEMPLATED_PAYLOAD
     conflict = PROFILE_ON_CONFLICT if people else ON_CONFLICT
     sql = FAN_OUT.format(

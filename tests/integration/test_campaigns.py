@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, TextClause, text
 
 from notifier.campaigns import CampaignError, Campaigns
+from notifier.db import launches
 from notifier.delivery.dispatcher import Dispatcher
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
@@ -140,6 +141,25 @@ def test_a_launch_killed_half_way_is_finished_by_running_it_again(
     )
     assert (rows, recipients, codes) == (AUDIENCE, AUDIENCE, AUDIENCE)
     assert _one(engine, _PAIRED) == (AUDIENCE,)
+
+
+@pytest.mark.parametrize(
+    ("probe", "index"),
+    [
+        (launches.ADDRESS_WRITTEN, "notifications_campaign_recipient"),
+        (launches.PROFILE_WRITTEN, "notifications_campaign_profile"),
+    ],
+)
+def test_the_look_for_a_chunk_s_rows_can_use_its_unique_index(
+    engine: Engine, probe: TextClause, index: str
+) -> None:
+    # A re-run looks for each recipient's row in every chunk without a record: through the
+    # partial unique index that is one probe a recipient, without it a scan of the table each.
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        params = {"id": 1, "after": 0, "upto": 5_000}
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {probe.text}"), params).scalars())
+    assert index in plan, plan
 
 
 # Launches in chunks of 5,000, announcing the first committed chunk, then slowly goes on.

@@ -431,3 +431,24 @@ def test_a_campaign_to_profiles_reaches_each_person_once_as_their_settings_say(
     [message] = smtp_sink.messages
     assert message.rcpt_tos == ["one@example.com"]
     assert message.message["Subject"] == "Hi One"
+
+
+def test_a_campaign_to_profiles_whose_chunk_has_rows_but_no_record_writes_only_the_rest(
+    engine: Engine,
+) -> None:
+    # A chunk with rows and no record (written before chunk records existed, or its record
+    # lost): the re-run must look for each person's row, by profile, not by the empty address.
+    with engine.begin() as conn:
+        for n in range(4):
+            client.upsert_profile(conn, f"p{n}", email=f"p{n}@example.com")
+    campaigns = Campaigns(engine)
+    campaigns.create("spring", "email", subject="Hi", body="Code {code}", audience="profiles")
+    campaigns.import_audience("spring", io.StringIO("profile\np0\np1\np2\np3\n"), "profile")
+    campaigns.generate_codes("spring", 4)
+    assert campaigns.launch("spring") == 4
+    sql(engine, "DELETE FROM campaign_chunks")
+    sql(engine, "DELETE FROM notifications WHERE profile = 'p2'")
+    assert campaigns.launch("spring") == 1
+    rows = sql(engine, "SELECT profile, payload->>'code' FROM notifications ORDER BY profile")
+    assert [p for p, _ in rows] == ["p0", "p1", "p2", "p3"]
+    assert len({code for _, code in rows}) == 4
