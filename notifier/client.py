@@ -151,6 +151,12 @@ def _addressee(
         return to, person
     if person is None:
         raise ValueError(f"no profile {profile!r}: upsert_profile() it first, in this transaction")
+    if channel == "push":  # each device gets a row of its own when it is due
+        if not person.push_tokens:
+            raise ValueError(
+                f"profile {profile!r} has no push token: set push_tokens with upsert_profile()"
+            )
+        return "", person
     address = person.address(channel)
     if address is None:
         raise ValueError(

@@ -116,6 +116,12 @@ class Notification:
     #: the person the row addresses, read with the claim; ``None`` when it names none
     profile: Profile | None = None
 
+    @property
+    def to_devices(self) -> bool:
+        """A push row to a person: not sent itself but written out as one row per device
+        (``notifier.db.profiles.fan_out``), each sent on its own."""
+        return self.channel == "push" and not self.recipient and self.profile is not None
+
 
 class CampaignStatus(StrEnum):
     """Where a campaign is. Mirrored by the ``campaigns_status`` CHECK."""
@@ -162,6 +168,8 @@ class AttemptOutcome(StrEnum):
     requeued = "requeued"
     #: held back unsent by its person's quiet hours until they end; attempt not counted
     held = "held"
+    #: a push row to a person, written out as one row per device (``parent_id``): ``sent``
+    fanned_out = "fanned_out"
 
 
 #: A recipient to add to ``suppressions``: (channel, recipient, reason, kind).

@@ -49,7 +49,7 @@ CANCEL_BY_ID = """
     RETURNING id
 """
 
-PROFILE_OF = "SELECT email, phone, locale, fields FROM profiles WHERE id = :id"
+PROFILE_OF = "SELECT email, phone, push_tokens[1:20], locale, fields FROM profiles WHERE id = :id"
 
 ProducerConnection = Connection | psycopg.Connection[Any]
 
@@ -82,8 +82,15 @@ def profile(conn: ProducerConnection, profile_id: str) -> Profile | None:
     row = _producer_execute(conn, PROFILE_OF, {"id": profile_id})
     if row is None:
         return None
-    email, phone, locale, fields = row
-    return Profile(profile_id, email=email, phone=phone, locale=locale, fields=fields)
+    email, phone, tokens, locale, fields = row
+    return Profile(
+        profile_id,
+        email=email,
+        phone=phone,
+        push_tokens=tuple(tokens),
+        locale=locale,
+        fields=fields,
+    )
 
 
 def upsert_profile(conn: ProducerConnection, profile_id: str, values: Mapping[str, Any]) -> None:

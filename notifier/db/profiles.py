@@ -103,12 +103,36 @@ def addressing(
         return recipient, None, profile
     if profile is None or recipient:
         return recipient, profile, None
+    if channel == "push":  # to each device, as a row of its own: see ``fan_out``
+        if profile.push_tokens:
+            return recipient, profile, None
+        return (
+            recipient,
+            profile,
+            (f"profile {profile.id!r} has no push token: add its devices to push_tokens"),
+        )
     address = profile.address(channel)
     if address is None:
         wanted = PROFILE_ADDRESSES.get(channel)
         fix = f"set its {wanted}" if wanted else f"{channel} rows need their recipient written"
         return recipient, profile, f"profile {profile.id!r} has no {channel} address: {fix}"
     return address, profile, None
+
+
+FAN_OUT = text(
+    "SELECT id, notifier_fan_out(id, :token, CAST(:worker AS text), :devices)"
+    " FROM unnest(CAST(:ids AS bigint[])) AS id"
+)
+
+
+def fan_out(conn: Connection, token: Any, ids: list[int], worker: str) -> dict[int, int | None]:
+    """Write out the push rows ``ids`` (to a person, held by the claim ``token``) as one row per
+    device of their person (migration 0025's ``notifier_fan_out``), each row ending ``sent``;
+    how many device rows each got, ``None`` for one the claim no longer holds."""
+    found = conn.execute(
+        FAN_OUT, {"token": token, "worker": worker, "devices": MAX_PUSH_TOKENS, "ids": ids}
+    )
+    return {int(i): written for i, written in found}
 
 
 def upsert_statement(given: Iterable[str]) -> str:
@@ -231,6 +255,7 @@ __all__ = [
     "StoredProfile",
     "addressing",
     "decode",
+    "fan_out",
     "get",
     "history",
     "preferences",

@@ -79,6 +79,7 @@ notifications = Table(
     ),
     Column("category", Text),
     Column("profile", Text),
+    Column("parent_id", BigInteger),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",
@@ -128,6 +129,13 @@ notifications = Table(
         "profile",
         unique=True,
         postgresql_where=text("campaign_id IS NOT NULL AND profile IS NOT NULL"),
+    ),
+    Index(
+        "notifications_parent_recipient",
+        "parent_id",
+        "recipient",
+        unique=True,
+        postgresql_where=text("parent_id IS NOT NULL"),
     ),
     Index("notifications_dead", "updated_at", postgresql_where=text("status = 'dead'")),
     Index(
@@ -236,7 +244,8 @@ notification_attempts = Table(
     Column("provider", Text),
     CheckConstraint(
         "outcome IN ('sent', 'retry', 'deferred', 'dead', 'cancelled', 'rescued', 'requeued',"
-        " 'delivered', 'undelivered', 'bounced', 'complained', 'held')",
+        " 'delivered', 'undelivered', 'bounced', 'complained', 'held',"
+        " 'fanned_out')",
         name="notification_attempts_outcome",
     ),
     # One B-tree, which serves a row's story and the purge; the table is appended to in time

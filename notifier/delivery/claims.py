@@ -19,7 +19,7 @@ from uuid import UUID
 
 from sqlalchemy import Connection, Engine
 
-from notifier.db import queue, suppressions
+from notifier.db import profiles, queue, suppressions
 from notifier.db.suppressions import Addressee
 from notifier.db.trips import one_trip
 from notifier.delivery.batch import BatchReport
@@ -122,6 +122,16 @@ class Claims:
         return self.durably(
             lambda c: queue.release(c, token, ids, not_before=not_before, reason=reason)
         )
+
+    def fan_out(self, token: UUID, rows: list[Notification], report: BatchReport) -> None:
+        """Write out push rows to a person (``Notification.to_devices``) as one row per device,
+        each ending ``sent`` (``profiles.fan_out``): the devices' rows are claimed and sent
+        like any other. A row the claim no longer holds counts as stale."""
+        ids = [n.id for n in rows]
+        written = self.durably(lambda c: profiles.fan_out(c, token, ids, self.worker))
+        done = sum(1 for n in written.values() if n is not None)
+        report.sent += done
+        report.stale += len(ids) - done
 
     def _recheck(self, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
         listed = list(ids)  # read again by every try

@@ -250,6 +250,9 @@ class Dispatcher:
         if self._caps:  # each person's frequency caps, last: only rows about to go count
             ready, capped = self._caps.admit(ready, self.clock())
             results.update(capped)
+        if any(n.to_devices for n in ready):  # to a person's devices, one row each: not sent here
+            self._claims.fan_out(token, [n for n in ready if n.to_devices], report)
+            ready = [n for n in ready if not n.to_devices]
         unrecorded.rows.update((n.id, n) for n in rows)
         unrecorded.add({i: Attempt(result) for i, result in results.items()})
         return ready

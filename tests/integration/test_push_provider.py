@@ -23,14 +23,18 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from pytest_httpserver import HTTPServer
+from sqlalchemy import Engine, text
 from werkzeug import Request, Response
 
+from notifier import client
+from notifier.db import profiles
+from notifier.delivery.dispatcher import Dispatcher
 from notifier.models import Notification
-from notifier.providers import load_registry
+from notifier.providers import load_registry, registry_of
 from notifier.providers.base import InvalidNotification, Permanent, Retry, Sent
 from notifier.providers.push import PushProvider
 from notifier.settings import get_settings
-from tests.factories import SetEnv
+from tests.factories import MakeSettings, SetEnv
 from tests.raw_server import Behaviour, RawServer, silence
 
 DEVICE = "fGx3:APA91bH-" + "x" * 140  # the shape of a real registration token
@@ -568,3 +572,77 @@ def test_title_only_push_omits_the_body(
     assert request.json == {
         "message": {"token": DEVICE, "notification": {"title": "Your order shipped"}, "data": {}}
     }
+
+
+def test_a_push_row_to_a_person_reaches_each_of_their_devices_once(
+    provider: PushProvider,
+    httpserver: HTTPServer,
+    token_endpoint: TokenEndpoint,
+    engine: Engine,
+    make_settings: MakeSettings,
+) -> None:
+    phone, tablet = DEVICE, DEVICE.replace("x", "y")
+    httpserver.expect_request(SEND_PATH, method="POST").respond_with_json({"name": NAME})
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "ann", push_tokens=[phone, tablet, phone], locale="de",
+                              fields={"name": "Ann"})  # fmt: skip
+        client.upsert_profile(conn, "bob", push_tokens=[DEVICE.replace("x", "z")])
+        ann = client.enqueue(conn, channel="push", profile="ann", subject="Hi", body="Order 7",
+                             payload={"order": "7"}, category="orders").id  # fmt: skip
+        bob = client.enqueue(conn, channel="push", profile="bob", subject="Hi", body="x").id
+        client.upsert_profile(conn, "bob", push_tokens=[])  # the app uninstalled meanwhile
+        with pytest.raises(ValueError, match="profile 'bob' has no push token: set push_tokens"):
+            client.enqueue(conn, channel="push", profile="bob", subject="Hi", body="x")
+    dispatcher = Dispatcher(engine, registry_of([provider]), make_settings())
+    try:
+        dispatcher.run_once()  # the person's row: written out, one row per device
+        dispatcher.run_once()  # the devices' rows: sent
+    finally:
+        dispatcher.close()
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT id, parent_id, recipient, status, provider, last_error, payload, locale,"
+                " category FROM notifications ORDER BY id"
+            )
+        ).all()
+        history = conn.execute(
+            text("SELECT outcome, error FROM notification_attempts WHERE notification_id = :id"),
+            {"id": ann},
+        ).all()
+    by_id = {r.id: r for r in rows}
+    assert (by_id[ann].status, by_id[ann].provider) == ("sent", "devices")
+    assert history == [("fanned_out", "to 2 of 2 devices")]
+    assert by_id[bob].status == "dead"
+    assert "profile 'bob' has no push token" in by_id[bob].last_error
+    devices = [r for r in rows if r.parent_id == ann]
+    assert sorted(r.recipient for r in devices) == sorted([phone, tablet])
+    for r in devices:
+        assert (r.status, r.provider, r.locale, r.category) == ("sent", "push", "de", "orders")
+        assert r.payload == {"name": "Ann", "order": "7"}
+    sent_to = [r.json["message"]["token"] for r, _ in httpserver.log if r.path == SEND_PATH]
+    assert sorted(sent_to) == sorted([phone, tablet])
+    token_endpoint.check()
+
+
+def test_a_person_s_row_is_written_out_only_by_the_claim_that_holds_it(engine: Engine) -> None:
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "ann", push_tokens=[DEVICE])
+        ann = client.enqueue(conn, channel="push", profile="ann", subject="Hi", body="x").id
+    token = uuid4()
+    with engine.begin() as conn:  # not claimed: nothing is written
+        assert profiles.fan_out(conn, token, [ann], "w") == {ann: None}
+        conn.execute(
+            text(
+                "UPDATE notifications SET status = 'processing', claim_token = :token,"
+                " locked_until = now() + interval '1 minute', attempts = 1 WHERE id = :id"
+            ),
+            {"token": token, "id": ann},
+        )
+    with engine.begin() as conn:
+        assert profiles.fan_out(conn, uuid4(), [ann], "w") == {ann: None}  # another claim's
+        assert profiles.fan_out(conn, token, [ann], "w") == {ann: 1}
+        assert profiles.fan_out(conn, token, [ann], "w") == {ann: None}  # once only
+        (count,) = conn.execute(text("SELECT count(*) FROM notifications")).one()
+    assert count == 2
