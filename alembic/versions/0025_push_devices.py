@@ -32,11 +32,12 @@ BEFORE = (
 
 SIGNATURE = "notifier_fan_out(bigint, uuid, text, integer)"
 
-# Returns how many device rows it wrote; NULL when the row is not a push row to a person that
-# this claim holds (nothing changed). A person with no token left makes the row dead.
+# Returns the row's new status, ``sent`` or ``dead``; NULL when it is not a push row to a person
+# that this claim holds (nothing changed). A person with no token left, or devices' rows that
+# cannot be written, make the row dead with the reason: one row never fails its batch's call.
 FAN_OUT = """
     CREATE FUNCTION {schema}.notifier_fan_out(parent bigint, claim uuid, worker text,
-                                              devices integer) RETURNS integer
+                                              devices integer) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, {schema}, pg_temp
     AS $$
@@ -45,6 +46,7 @@ FAN_OUT = """
         person {schema}.profiles;
         tokens text[];
         written integer;
+        reason text;
     BEGIN
         SELECT * INTO p FROM {schema}.notifications
          WHERE id = parent AND status = 'processing' AND claim_token = claim
@@ -58,29 +60,39 @@ FAN_OUT = """
                           FROM unnest(person.push_tokens[1:devices]) AS t
                          WHERE t <> '' AND octet_length(t) <= 4096);
         IF cardinality(tokens) = 0 THEN
+            reason := format('profile %L has no push token: add its devices to push_tokens',
+                             p.profile);
+        ELSE
+            BEGIN  -- whatever stops the devices' rows ends this row, never its batch
+                INSERT INTO {schema}.notifications
+                       (channel, recipient, subject, body, payload, priority, max_attempts,
+                        next_attempt_at, template, locale, category, producer, campaign_id,
+                        expires_at, parent_id)
+                SELECT 'push', t, p.subject, p.body,
+                       CASE WHEN jsonb_typeof(person.fields) = 'object' THEN person.fields
+                            ELSE '{{}}'::jsonb END || p.payload,
+                       p.priority, p.max_attempts, now(), p.template,
+                       coalesce(p.locale, person.locale), p.category, p.producer,
+                       p.campaign_id, p.expires_at, p.id
+                  FROM unnest(tokens) AS t
+                ON CONFLICT DO NOTHING;
+                GET DIAGNOSTICS written = ROW_COUNT;
+            EXCEPTION WHEN OTHERS THEN
+                reason := format('its devices'' rows could not be written (SQLSTATE %s): %s',
+                                 SQLSTATE, SQLERRM);
+            END;
+        END IF;
+        IF reason IS NOT NULL THEN
+            reason := left(reason, 2000);
             UPDATE {schema}.notifications
                SET status = 'dead', updated_at = now(), locked_until = NULL,
-                   last_error = format('profile %L has no push token: add its devices'
-                                       ' to push_tokens', p.profile)
+                   last_error = reason
              WHERE id = p.id;
             INSERT INTO {schema}.notification_attempts
                    (notification_id, attempt, worker, channel, outcome, error)
-            VALUES (p.id, p.attempts, worker, 'push', 'dead', 'no push token');
-            RETURN 0;
+            VALUES (p.id, p.attempts, worker, 'push', 'dead', reason);
+            RETURN 'dead';
         END IF;
-        INSERT INTO {schema}.notifications
-               (channel, recipient, subject, body, payload, priority, max_attempts,
-                next_attempt_at, template, locale, category, producer, campaign_id,
-                expires_at, parent_id)
-        SELECT 'push', t, p.subject, p.body,
-               CASE WHEN jsonb_typeof(person.fields) = 'object' THEN person.fields
-                    ELSE '{{}}'::jsonb END || p.payload,
-               p.priority, p.max_attempts, now(), p.template,
-               coalesce(p.locale, person.locale), p.category, p.producer, p.campaign_id,
-               p.expires_at, p.id
-          FROM unnest(tokens) AS t
-        ON CONFLICT DO NOTHING;
-        GET DIAGNOSTICS written = ROW_COUNT;
         UPDATE {schema}.notifications
            SET status = 'sent', sent_at = now(), updated_at = now(), locked_until = NULL,
                provider = 'devices', last_error = NULL
@@ -89,7 +101,7 @@ FAN_OUT = """
                (notification_id, attempt, worker, channel, outcome, error, provider)
         VALUES (p.id, p.attempts, worker, 'push', 'fanned_out',
                 format('to %s of %s devices', written, cardinality(tokens)), 'devices');
-        RETURN written;
+        RETURN 'sent';
     END
     $$
 """

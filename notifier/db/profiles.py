@@ -125,14 +125,15 @@ FAN_OUT = text(
 )
 
 
-def fan_out(conn: Connection, token: Any, ids: list[int], worker: str) -> dict[int, int | None]:
+def fan_out(conn: Connection, token: Any, ids: list[int], worker: str) -> dict[int, str | None]:
     """Write out the push rows ``ids`` (to a person, held by the claim ``token``) as one row per
-    device of their person (migration 0025's ``notifier_fan_out``), each row ending ``sent``;
-    how many device rows each got, ``None`` for one the claim no longer holds."""
+    device of their person (migration 0025's ``notifier_fan_out``); each row's new status:
+    ``sent``, ``dead`` (no token left, or its devices' rows could not be written: the reason
+    is its ``last_error``), or ``None`` for one the claim no longer holds."""
     found = conn.execute(
         FAN_OUT, {"token": token, "worker": worker, "devices": MAX_PUSH_TOKENS, "ids": ids}
     )
-    return {int(i): written for i, written in found}
+    return {int(i): status for i, status in found}
 
 
 def upsert_statement(given: Iterable[str]) -> str:

@@ -128,10 +128,10 @@ class Claims:
         each ending ``sent`` (``profiles.fan_out``): the devices' rows are claimed and sent
         like any other. A row the claim no longer holds counts as stale."""
         ids = [n.id for n in rows]
-        written = self.durably(lambda c: profiles.fan_out(c, token, ids, self.worker))
-        done = sum(1 for n in written.values() if n is not None)
-        report.sent += done
-        report.stale += len(ids) - done
+        became = list(self.durably(lambda c: profiles.fan_out(c, token, ids, self.worker)).values())
+        report.sent += became.count("sent")
+        report.dead += became.count("dead")
+        report.stale += became.count(None)
 
     def _recheck(self, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
         listed = list(ids)  # read again by every try

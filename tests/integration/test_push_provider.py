@@ -17,13 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from pytest_httpserver import HTTPServer
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from werkzeug import Request, Response
 
 from notifier import client
@@ -626,23 +627,77 @@ def test_a_push_row_to_a_person_reaches_each_of_their_devices_once(
     token_endpoint.check()
 
 
-def test_a_person_s_row_is_written_out_only_by_the_claim_that_holds_it(engine: Engine) -> None:
-    with engine.begin() as conn:
-        client.upsert_profile(conn, "ann", push_tokens=[DEVICE])
-        ann = client.enqueue(conn, channel="push", profile="ann", subject="Hi", body="x").id
+def _claimed(engine: Engine, *people: tuple[str, list[str]]) -> tuple[UUID, list[int]]:
+    """A push row to each person (with these tokens), claimed under one new token."""
     token = uuid4()
-    with engine.begin() as conn:  # not claimed: nothing is written
-        assert profiles.fan_out(conn, token, [ann], "w") == {ann: None}
+    with engine.begin() as conn:
+        for name, tokens in people:
+            client.upsert_profile(conn, name, push_tokens=tokens)
+        ids = [
+            client.enqueue(conn, channel="push", profile=name, subject="Hi", body="x").id
+            for name, _ in people
+        ]
         conn.execute(
             text(
                 "UPDATE notifications SET status = 'processing', claim_token = :token,"
-                " locked_until = now() + interval '1 minute', attempts = 1 WHERE id = :id"
+                " locked_until = now() + interval '1 minute', attempts = 1"
+                " WHERE id = ANY(:ids)"
             ),
-            {"token": token, "id": ann},
+            {"token": token, "ids": ids},
         )
+    return token, ids
+
+
+def test_a_person_s_row_is_written_out_only_by_the_claim_that_holds_it(engine: Engine) -> None:
+    with engine.begin() as conn:
+        client.upsert_profile(conn, "bob", push_tokens=[DEVICE])
+        bob = client.enqueue(conn, channel="push", profile="bob", subject="Hi", body="x").id
+        assert profiles.fan_out(conn, uuid4(), [bob], "w") == {bob: None}  # not claimed
+    token, [ann] = _claimed(engine, ("ann", [DEVICE]))
     with engine.begin() as conn:
         assert profiles.fan_out(conn, uuid4(), [ann], "w") == {ann: None}  # another claim's
-        assert profiles.fan_out(conn, token, [ann], "w") == {ann: 1}
+        assert profiles.fan_out(conn, token, [ann], "w") == {ann: "sent"}
         assert profiles.fan_out(conn, token, [ann], "w") == {ann: None}  # once only
         (count,) = conn.execute(text("SELECT count(*) FROM notifications")).one()
-    assert count == 2
+    assert count == 3
+
+
+def test_devices_rows_that_cannot_be_written_end_their_person_s_row_not_the_batch(
+    engine: Engine,
+) -> None:
+    poison = DEVICE.replace("x", "p")
+    with engine.begin() as conn:  # a fault for real: the database refuses one device's row
+        conn.execute(
+            text(
+                f"""
+                CREATE FUNCTION refuse_device() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.recipient = '{poison}' THEN
+                        RAISE EXCEPTION 'this device is refused';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER refuse_device BEFORE INSERT ON notifications
+                   FOR EACH ROW EXECUTE FUNCTION refuse_device();
+                """
+            )
+        )
+    with pytest.raises(DBAPIError, match="this device is refused"), engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO notifications (channel, recipient) VALUES ('push', :t)"),
+            {"t": poison},
+        )
+    token, [ann, bob] = _claimed(engine, ("ann", [DEVICE, poison]), ("bob", [DEVICE]))
+    with engine.begin() as conn:
+        assert profiles.fan_out(conn, token, [ann, bob], "w") == {ann: "dead", bob: "sent"}
+        rows = conn.execute(
+            text("SELECT id, parent_id, status, last_error FROM notifications ORDER BY id")
+        ).all()
+    assert [(r.parent_id, r.status) for r in rows] == [
+        (None, "dead"),
+        (None, "sent"),
+        (bob, "pending"),
+    ]
+    assert rows[0].last_error == (
+        "its devices' rows could not be written (SQLSTATE P0001): this device is refused"
+    )
