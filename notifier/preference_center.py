@@ -113,8 +113,7 @@ def choices(settings: Settings, form: Mapping[str, str]) -> Choices:
 
 def save(conn: Connection, profile_id: str, saved: Choices) -> None:
     """Write a person's choices as their own, in the caller's transaction."""
-    for (category, channel), enabled in saved.enabled.items():
-        profiles.set_preference(conn, profile_id, category, channel, enabled, "person")
+    profiles.set_preferences(conn, profile_id, saved.enabled, "person")
     start, end = saved.quiet if saved.quiet is not None else (None, None)
     producers.upsert_profile(conn, profile_id, {"quiet_start": start, "quiet_end": end})
 

@@ -161,7 +161,7 @@ def prefer(profile_id: str, category: str, channel: str, state: str) -> int:
     with db.engine().begin() as conn:
         if profiles.get(conn, profile_id) is None:
             raise ValueError(f"no profile {profile_id!r}: notifier profile set it first")
-        profiles.set_preference(conn, profile_id, category, channel, state == "on", "operator")
+        profiles.set_preferences(conn, profile_id, {(category, channel): state == "on"}, "operator")
     output.emit(
         {"id": profile_id, "category": category, "channel": channel, "enabled": state == "on"},
         Text(f"{category} on {channel} is {state} for {output.quoted(profile_id)}"),

@@ -73,7 +73,7 @@ async def prefer(request: Request, values: dict[str, str]) -> Response:
     def work(conn: Any) -> bool:
         if profiles.get(conn, profile_id) is None:
             return False
-        profiles.set_preference(conn, profile_id, category, channel, state == "on", "operator")
+        profiles.set_preferences(conn, profile_id, {(category, channel): state == "on"}, "operator")
         return True
 
     if not await db(request, work, begin=True):

@@ -15,7 +15,7 @@ Producers write profiles with ``upsert_statement``'s upsert (``notifier.client``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, time
 from typing import Any
@@ -191,22 +191,27 @@ class Preference:
     at: datetime
 
 
-def set_preference(
-    conn: Connection, profile_id: str, category: str, channel: str, enabled: bool, source: str
+def set_preferences(
+    conn: Connection, profile_id: str, chosen: Mapping[tuple[str, str], bool], source: str
 ) -> None:
-    """Record a choice (the trigger keeps it in the history when it changes anything)."""
+    """Record choices, each (category, channel) on or off, in one statement (the trigger keeps
+    each in the history when it changes anything)."""
+    if not chosen:
+        return
     conn.execute(
         text(
             "INSERT INTO preferences (profile, category, channel, enabled, source)"
-            " VALUES (:profile, :category, :channel, :enabled, :source)"
+            " SELECT :profile, category, channel, enabled, :source"
+            "   FROM unnest(CAST(:categories AS text[]), CAST(:channels AS text[]),"
+            "               CAST(:enabled AS boolean[])) AS c(category, channel, enabled)"
             " ON CONFLICT (profile, category, channel) DO UPDATE"
             " SET enabled = excluded.enabled, source = excluded.source, updated_at = now()"
         ),
         {
             "profile": profile_id,
-            "category": category,
-            "channel": channel,
-            "enabled": enabled,
+            "categories": [category for category, _ in chosen],
+            "channels": [channel for _, channel in chosen],
+            "enabled": list(chosen.values()),
             "source": source,
         },
     )
@@ -261,6 +266,6 @@ __all__ = [
     "history",
     "preferences",
     "recent",
-    "set_preference",
+    "set_preferences",
     "upsert_statement",
 ]

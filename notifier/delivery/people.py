@@ -15,7 +15,7 @@ know (the reason says so).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from notifier.delivery.outcomes import Cancelled, Held
 from notifier.delivery.quiet import AlwaysQuiet, describe, held_until
 from notifier.models import Notification
+from notifier.settings import Settings
 from notifier.specs import QuietWindow, parse_time_zone
 
 
@@ -100,3 +101,28 @@ def quiet_hold(
         f"quiet hours {describe(windows)} in {zone.key}{unknown}:"
         f" held until {local:%Y-%m-%d %H:%M} there",
     )
+
+
+class Wishes:
+    """What the people of a batch asked for, from one deployment's settings: ``refusal`` and
+    ``quiet_hold`` for each row, with the margin of a batch's sending time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.defaults = settings.preference_defaults
+        self.critical = settings.critical_categories
+        self.quiet_hours = settings.quiet_hours
+        self.default_zone = settings.default_time_zone
+        # A batch sends until its dispatch budget ends, each send at most this long after.
+        self.margin = settings.dispatch_budget_seconds + settings.longest_send_seconds
+
+    def apply_to(self, rows: Sequence[Notification]) -> bool:
+        """Whether any of ``rows`` may be held back by a person's wish (else skip them all)."""
+        return bool(self.quiet_hours) or any(n.profile is not None for n in rows)
+
+    def __call__(self, n: Notification, now: datetime) -> Held | Cancelled | None:
+        """Why ``n`` is not sent now by its person's wish: cancelled by their preference, held
+        by quiet hours; ``None`` if it may go."""
+        refused = refusal(n, self.defaults, self.critical)
+        if refused is not None:
+            return Cancelled(refused)
+        return quiet_hold(n, now, self.quiet_hours, self.critical, self.default_zone, self.margin)

@@ -60,7 +60,7 @@ from notifier import unsubscribe
 from notifier.db import suppressions, templates
 from notifier.delivery.checks import named
 from notifier.delivery.outcomes import Cancelled, Result
-from notifier.delivery.people import quiet_hold, refusal
+from notifier.delivery.people import Wishes
 from notifier.models import Notification
 from notifier.providers.base import Permanent
 from notifier.settings import Settings
@@ -205,10 +205,7 @@ class Content:
         self.default_locale = settings.default_locale
         self.settings = settings
         self.overrides = settings.override_recipients
-        self.preference_defaults = settings.preference_defaults
-        self.critical = settings.critical_categories
-        self.quiet_hours = settings.quiet_hours
-        self.default_zone = settings.default_time_zone
+        self.wishes = Wishes(settings)
         self.now = now
         self.cache_seconds = cache_seconds
         self.clock = clock
@@ -242,13 +239,10 @@ class Content:
                 conn, {(n.channel, n.recipient, n.category) for n in rows}
             )
         templated = [n for n in rows if n.template is not None and isinstance(n.payload, dict)]
-        people = any(n.profile is not None for n in rows)
-        quiet = bool(self.quiet_hours) or people
-        if not stopped and not templated and not self.overrides and not quiet:
+        wished = self.wishes.apply_to(rows)
+        if not stopped and not templated and not self.overrides and not wished:
             return rows, {}
         now = self.now()
-        # A batch sends until its dispatch budget ends, each send at most this long after.
-        margin = self.settings.dispatch_budget_seconds + self.settings.longest_send_seconds
         templates = self._templates(conn, templated) if templated else {}
         ready: list[Notification] = []
         results: dict[int, Result] = {}
@@ -257,17 +251,9 @@ class Content:
             if reason is not None:
                 results[n.id] = Cancelled(f"suppressed: {reason}")
                 continue
-            refused = refusal(n, self.preference_defaults, self.critical) if people else None
-            if refused is not None:
-                results[n.id] = Cancelled(refused)
-                continue
-            held = (
-                quiet_hold(n, now, self.quiet_hours, self.critical, self.default_zone, margin)
-                if quiet
-                else None
-            )
-            if held is not None:
-                results[n.id] = held
+            wish = self.wishes(n, now) if wished else None
+            if wish is not None:  # the person's preference or quiet hours
+                results[n.id] = wish
                 continue
             found = templates.get(n.id)
             if found is not None:

@@ -192,7 +192,9 @@ def create_app(settings: Settings, engine: Engine, client: redis.Redis) -> Starl
             body = await _body(request, MAX_PREFERENCES_FORM_BYTES)
             form = None if body is None else _fields(body, request.headers.get("content-type", ""))
             try:
-                saved = preference_center.choices(settings, form if form is not None else {"": ""})
+                if form is None:
+                    raise preference_center.Refused("the form is too large or not a form")
+                saved = preference_center.choices(settings, form)
             except preference_center.Refused as exc:
                 log.info("refused a preference-center form: %s", exc)
                 count("preferences", "refused")

@@ -28,7 +28,7 @@ def test_an_admin_reads_a_person_and_changes_a_preference_on_their_behalf(
     with engine.begin() as conn:
         client.upsert_profile(conn, "user-42", email="ann@example.com", time_zone="Asia/Tokyo",
                               quiet_hours="22:00-07:00")  # fmt: skip
-        profiles.set_preference(conn, "user-42", "digest", "email", False, "person")
+        profiles.set_preferences(conn, "user-42", {("digest", "email"): False}, "person")
         client.enqueue(conn, channel="email", profile="user-42", subject="s", body="b",
                        category="digest", key="k1")  # fmt: skip
     alice, bob = console.client(), console.client()

@@ -48,7 +48,7 @@ def test_the_page_shows_the_persons_choices_and_saving_writes_them_as_theirs(
 ) -> None:
     with engine.begin() as conn:
         client.upsert_profile(conn, "u-7", email="ann@example.com", time_zone="Europe/Vienna")
-        profiles.set_preference(conn, "u-7", "marketing", "sms", False, "producer")
+        profiles.set_preferences(conn, "u-7", {("marketing", "sms"): False}, "producer")
     url = endpoint.url + path_of("u-7")
 
     shown = endpoint.client.get(url)

@@ -128,9 +128,9 @@ def test_preferences_and_defaults_cancel_before_any_send_but_not_critical_rows(
     settings = make_settings(preference_defaults="digest=off", critical_categories="security")
     with engine.begin() as conn:
         client.upsert_profile(conn, "u", email="ann@example.com")
-        profiles.set_preference(conn, "u", "marketing", "email", False, "person")
-        profiles.set_preference(conn, "u", "security", "email", False, "person")
-        profiles.set_preference(conn, "u", "news", "email", True, "operator")
+        profiles.set_preferences(conn, "u", {("marketing", "email"): False}, "person")
+        profiles.set_preferences(conn, "u", {("security", "email"): False}, "person")
+        profiles.set_preferences(conn, "u", {("news", "email"): True}, "operator")
         for n, category in enumerate(["marketing", "security", "news", "digest", None]):
             client.enqueue(
                 conn, channel="email", profile="u", subject="s", body="b", category=category,
@@ -405,7 +405,7 @@ def test_a_campaign_to_profiles_reaches_each_person_once_as_their_settings_say(
         client.upsert_profile(conn, "p2", email="two@example.com", fields={"name": "Two"},
                               time_zone="Asia/Tokyo")  # fmt: skip
         client.upsert_profile(conn, "p3", email="three@example.com", fields={"name": "Three"})
-        profiles.set_preference(conn, "p3", "marketing", "email", False, "person")
+        profiles.set_preferences(conn, "p3", {("marketing", "email"): False}, "person")
     campaigns = Campaigns(engine)
     with pytest.raises(CampaignError, match="does not know addresses at launch"):
         campaigns.create("bad", "email", subject="Hi {recipient}", body="x", audience="profiles")
