@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import click
 import redis
 
+from notifier.cli import api as api_cli
 from notifier.cli import campaigns as campaign_cli
 from notifier.cli import changes, looking, output, running, sending, terminal
 from notifier.cli import console as console_cli
@@ -89,6 +90,7 @@ for _command in (
     *people_cli.COMMANDS,
     *running.COMMANDS,
     console_cli.command,
+    *api_cli.COMMANDS,
 ):
     cli.add_command(_command)
 

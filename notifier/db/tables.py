@@ -449,3 +449,6 @@ status_events = Table(
         " state, POSTed to NOTIFIER_STATUS_WEBHOOK_URL."
     ),
 )
+
+# The HTTP API's tables join the same metadata (kept in a module of their own).
+from notifier.db import api_tables  # noqa: E402, F401

@@ -116,3 +116,16 @@ class SurfaceSettings(BaseSettings):
 
     console_flower_url: str = ""
     """Where the console's overview links to Flower (none when empty)."""
+
+    api_port: int = Field(8030, gt=0, lt=65536)
+    """Where ``notifier api`` listens (behind a TLS-terminating proxy: see ``docs/api.md``)."""
+
+    api_rate_per_second: int = Field(100, gt=0)
+    """Requests a second one API key may make, shared by every API process (counted in
+    Redis); a key's own ``--per-second`` wins. Past it: 429 with ``Retry-After``."""
+
+    api_max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    """The largest request body ``notifier api`` reads; a larger one is refused with 413."""
+
+    api_max_batch: int = Field(1000, gt=0, le=10_000)
+    """The most notifications one ``POST /v1/notifications/batch`` may carry."""

@@ -1,0 +1,218 @@
+"""``notifier api``: the HTTP API, on Starlette (``docs/api.md``; its document ``openapi.py``).
+
+Routes (every ``/v1/`` route needs ``Authorization: Bearer <key>``):
+
+* ``POST /v1/notifications`` - write one (``Idempotency-Key`` header: at most once)
+* ``POST /v1/notifications/batch`` - write up to ``NOTIFIER_API_MAX_BATCH``, each on its own
+* ``GET /v1/notifications/{id}``, ``GET /v1/notifications?idempotency_key=K`` - read one of the
+  key's own, with its history
+* ``POST /v1/notifications/{id}/cancel``, ``POST /v1/notifications/cancel`` (body
+  ``{"idempotency_key": K}``) - cancel one of the key's own that is not final
+* ``GET /openapi.json`` - the document; ``GET /health`` - alive; ``GET /ready`` - the database
+  and Redis answer
+
+Every answer is JSON. A refusal is a 4xx with ``{"error": {"code", "message", "field"}}``; a
+database or Redis that does not answer, 503 with ``Retry-After``; nothing else is a 5xx. Each
+request is logged as one line (method, route, status, milliseconds, the key's prefix): never
+a key, a body, a query string or an address.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from notifier.api import bodies, openapi
+from notifier.api.bodies import ApiError
+from notifier.api.service import Service
+from notifier.db.api import KeyRow
+from notifier.settings import Settings
+
+log = logging.getLogger("notifier.api")
+
+Handler = Callable[[Request, KeyRow], Awaitable[Response]]
+
+
+def create_app(settings: Settings, engine: Engine, counter: redis.Redis | None) -> Starlette:
+    service = Service(settings, engine, counter)
+    document = openapi.document()
+
+    async def body_json(request: Request) -> Any:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+        limit = settings.api_max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise ApiError(413, "too_large", f"the body is over {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "too_large", f"the body is over {limit} bytes")
+            chunks.append(chunk)
+        return await run_in_threadpool(bodies.read_json, b"".join(chunks))
+
+    def keyed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            header = request.headers.get("authorization")
+            key = await run_in_threadpool(service.authenticate, header)
+            request.state.key_prefix = key.prefix
+            await run_in_threadpool(service.admit, key)
+            return await handler(request, key)
+
+        return endpoint
+
+    async def create(request: Request, key: KeyRow) -> Response:
+        idem = bodies.idempotency_key(request.headers.get("idempotency-key"))
+        doc = await body_json(request)
+        made = await run_in_threadpool(service.create, key, doc, idem)
+        headers = {"Idempotent-Replayed": "true"} if made.replayed else {}
+        return JSONResponse(made.document(), status_code=201, headers=headers)
+
+    async def create_many(request: Request, key: KeyRow) -> Response:
+        doc = await body_json(request)
+        results = await run_in_threadpool(service.create_many, key, doc)
+        return JSONResponse({"results": results})
+
+    async def read(request: Request, key: KeyRow) -> Response:
+        row_id = _row_id(request)
+        if row_id is not None:
+            return JSONResponse(await run_in_threadpool(lambda: service.read(key, row_id=row_id)))
+        given = dict(request.query_params)
+        if set(given) != {"idempotency_key"}:
+            raise ApiError(
+                400,
+                "invalid_query",
+                "read one notification: /v1/notifications/{id} or ?idempotency_key=K",
+                "idempotency_key",
+            )
+        idem = bodies.idempotency_key(given["idempotency_key"], "idempotency_key")
+        return JSONResponse(await run_in_threadpool(lambda: service.read(key, idem=idem)))
+
+    async def cancel(request: Request, key: KeyRow) -> Response:
+        row_id = _row_id(request)
+        if row_id is not None:
+            done = await run_in_threadpool(lambda: service.cancel(key, row_id=row_id))
+            return JSONResponse(done)
+        doc = await body_json(request)
+        given = doc.get("idempotency_key") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or set(doc) != {"idempotency_key"} or not given:
+            raise ApiError(
+                422, "invalid_body", 'send {"idempotency_key": "..."}', "idempotency_key"
+            )
+        idem = bodies.idempotency_key(str(given), "idempotency_key")
+        return JSONResponse(await run_in_threadpool(lambda: service.cancel(key, idem=idem)))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        await run_in_threadpool(service.ready)
+        return JSONResponse({"status": "ready"})
+
+    async def served_document(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes = [
+        Route("/v1/notifications", keyed(create), methods=["POST"]),
+        Route("/v1/notifications", keyed(read), methods=["GET"]),
+        Route("/v1/notifications/batch", keyed(create_many), methods=["POST"]),
+        Route("/v1/notifications/cancel", keyed(cancel), methods=["POST"]),
+        Route("/v1/notifications/{id}", keyed(read), methods=["GET"]),
+        Route("/v1/notifications/{id}/cancel", keyed(cancel), methods=["POST"]),
+        Route("/openapi.json", served_document, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _no_route})
+    app.add_middleware(_Guard)
+    return app
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "refused")
+    refused = ApiError(status, code, f"no such route: see /openapi.json ({status})")
+    return JSONResponse(refused.document(), status_code=status)
+
+
+def _row_id(request: Request) -> int | None:
+    raw = request.path_params.get("id")
+    if raw is None:
+        return None
+    if not (isinstance(raw, str) and raw.isdigit() and len(raw) <= 18):
+        raise ApiError(404, "not_found", "a notification's id is a whole number", "id")
+    return int(raw)
+
+
+class _Guard:
+    """Turns refusals and outages into their JSON answers, answers what no route takes with a
+    JSON 404 or 405, and logs each request as one line without anything secret."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status: list[int] = []
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status.append(int(message["status"]))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except ApiError as exc:
+            await _answer(exc, scope, receive, sending)
+        except (SQLAlchemyError, redis.RedisError) as exc:
+            log.warning("could not answer %s %s: %s", scope["method"], _route(scope), exc)
+            outage = ApiError(503, "unavailable", "try again in a moment", retry_after=5)
+            await _answer(outage, scope, receive, sending)
+        except Exception:
+            log.exception("answering %s %s raised", scope["method"], _route(scope))
+            if not status:
+                broken = ApiError(503, "unavailable", "try again in a moment", retry_after=5)
+                await _answer(broken, scope, receive, sending)
+        log.info(
+            "%s %s %s %.1fms",
+            scope["method"],
+            _route(scope),
+            status[0] if status else 0,
+            (time.monotonic() - started) * 1000,
+            extra={
+                "event": "request",
+                "method": scope["method"],
+                "route": _route(scope),
+                "status": status[0] if status else 0,
+                "key": scope.get("state", {}).get("key_prefix"),
+            },
+        )
+
+
+async def _answer(exc: ApiError, scope: Any, receive: Any, send: Any) -> None:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
+    response = JSONResponse(exc.document(), status_code=exc.status, headers=headers)
+    await response(scope, receive, send)
+
+
+def _route(scope: Any) -> str:
+    """The route's template (``/v1/notifications/{id}``), never the path as sent."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "(no route)"

@@ -1,0 +1,259 @@
+"""What the HTTP API does, without HTTP: a key's checks, and its rows written, read and cancelled.
+
+Synchronous (the database layer is): ``app.py`` runs each call in Starlette's thread pool.
+Every refusal is an ``ApiError`` naming the field and the fix; nothing is written for one.
+
+Idempotency: a request with an ``Idempotency-Key`` writes its row with ``dedupe_key``
+``<key name>:<Idempotency-Key>`` and keeps the request's hash beside it (``api_requests``), in
+one transaction that holds the key (an advisory lock) while it runs: a repeat with the same
+body is answered as the first was (``replayed``), one with another body is refused (422), one
+that arrives while the first is still under way is told to come back (409, ``Retry-After``).
+The row's key never expires, as the table promises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DataError, IntegrityError
+
+from notifier import client
+from notifier.api import bodies, keys
+from notifier.api.bodies import ApiError
+from notifier.db import api as api_db
+from notifier.db.api import KeyRow
+from notifier.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RATE_KEY = "notifier:api:rate:{key}:{second}"
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A row written (or found again, ``replayed``) for one request."""
+
+    id: int
+    idempotency_key: str | None
+    replayed: bool
+
+    def document(self) -> dict[str, Any]:
+        return {"id": self.id, "idempotency_key": self.idempotency_key, "replayed": self.replayed}
+
+
+class Service:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        counter: redis.Redis | None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.counter = counter
+        self.clock = clock
+
+    # -- who asks ---------------------------------------------------------------------------
+
+    def authenticate(self, authorization: str | None) -> KeyRow:
+        """The live key an ``Authorization: Bearer <key>`` header presents; 401 otherwise."""
+        scheme, _, presented = (authorization or "").partition(" ")
+        prefix = keys.prefix_of(presented.strip()) if scheme.lower() == "bearer" else None
+        if prefix is None:
+            raise ApiError(401, "unauthorized", "send your API key as Authorization: Bearer nk_...")
+        with self.engine.connect() as conn:
+            row = api_db.live_key(conn, prefix)
+        if row is None or not keys.matches(presented.strip(), row):
+            raise ApiError(401, "unauthorized", "this API key is not valid (or was revoked)")
+        return row
+
+    def admit(self, key: KeyRow) -> None:
+        """Count the request against its key's rate, shared by every API process; 429 past it.
+        Without Redis the request goes on (logged): producers' rows are not lost to it."""
+        if self.counter is None:
+            return
+        limit = key.per_second or self.settings.api_rate_per_second
+        second = int(self.clock().timestamp())
+        name = RATE_KEY.format(key=key.id, second=second)
+        try:
+            pipe = self.counter.pipeline(transaction=True)
+            pipe.incr(name)
+            pipe.expire(name, 2)
+            count = int(pipe.execute()[0])
+        except redis.RedisError as exc:
+            log.warning("API rate limit not counted, Redis unavailable: %s", exc)
+            return
+        if count > limit:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"over {limit} requests a second for this key: slow down",
+                retry_after=1,
+            )
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def create(self, key: KeyRow, doc: Any, idempotency_key: str | None) -> Created:
+        args = self._checked(key, doc)
+        with self.engine.begin() as conn:
+            api_db.name_producer(conn, key.name)
+            return self._create(conn, key, args, doc, idempotency_key)
+
+    def create_many(self, key: KeyRow, doc: Any) -> list[dict[str, Any]]:
+        """Each item written or refused on its own (a savepoint each), in one transaction."""
+        items = doc.get("notifications") if isinstance(doc, dict) else None
+        limit = self.settings.api_max_batch
+        if (
+            not isinstance(items, list)
+            or not 0 < len(items) <= limit
+            or set(doc) != {"notifications"}
+        ):
+            raise ApiError(
+                422,
+                "invalid_body",
+                f'send {{"notifications": [...]}} with 1 to {limit} notifications',
+                "notifications",
+            )
+        results: list[dict[str, Any]] = []
+        with self.engine.begin() as conn:
+            api_db.name_producer(conn, key.name)
+            for index, item in enumerate(items):
+                try:
+                    given = item.get("idempotency_key") if isinstance(item, dict) else None
+                    idem = bodies.idempotency_key(
+                        given if isinstance(given, str) or given is None else str(given),
+                        "idempotency_key",
+                    )
+                    fields = (
+                        {k: v for k, v in item.items() if k != "idempotency_key"}
+                        if isinstance(item, dict)
+                        else item
+                    )
+                    args = self._checked(key, fields)
+                    with conn.begin_nested():
+                        made = self._create(conn, key, args, fields, idem)
+                    status = "replayed" if made.replayed else "created"
+                    results.append({"index": index, "status": status, **made.document()})
+                except ApiError as exc:
+                    results.append({"index": index, "status": "refused", **exc.document()})
+        return results
+
+    def _checked(self, key: KeyRow, doc: Any) -> dict[str, Any]:
+        if key.read_only:
+            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        args = bodies.notification(doc, now=self.clock())
+        for field, allowed in (("channel", key.channels), ("category", key.categories)):
+            if allowed is not None and args[field] not in allowed:
+                raise ApiError(
+                    403, "out_of_scope", f"this key may write {field} {allowed} only", field
+                )
+        return args
+
+    def _create(
+        self,
+        conn: Connection,
+        key: KeyRow,
+        args: dict[str, Any],
+        doc: Any,
+        idempotency_key: str | None,
+    ) -> Created:
+        dedupe = None if idempotency_key is None else f"{key.name}:{idempotency_key}"
+        digest = bodies.request_hash(doc)
+        if dedupe is not None:
+            if not api_db.hold_key(conn, dedupe):
+                raise ApiError(
+                    409,
+                    "in_progress",
+                    "a request with this idempotency key is under way: try again in a moment",
+                    "Idempotency-Key",
+                    retry_after=1,
+                )
+            first = api_db.first_request(conn, dedupe)
+            if first is not None:
+                _, first_hash, row_id = first
+                if first_hash != digest:
+                    raise ApiError(
+                        422,
+                        "idempotency_key_reused",
+                        "this idempotency key was used for another request: give each new"
+                        " notification a key of its own",
+                        "Idempotency-Key",
+                    )
+                return Created(row_id, idempotency_key, replayed=True)
+        try:
+            made = client.enqueue(conn, key=dedupe, **args)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_notification", str(exc)) from None
+        except (DataError, IntegrityError) as exc:
+            reason = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
+            raise ApiError(
+                422, "invalid_notification", f"the database refused it: {reason}"
+            ) from None
+        if not made.created:  # written with this dedupe_key, by SQL, not through the API
+            raise ApiError(
+                409,
+                "key_in_use",
+                "a notification with this key was written without the API: use another key",
+                "Idempotency-Key",
+            )
+        if dedupe is not None:
+            api_db.record_request(conn, dedupe, key.id, digest, made.id)
+        return Created(made.id, idempotency_key, replayed=False)
+
+    # -- reading and cancelling -------------------------------------------------------------
+
+    def read(self, key: KeyRow, *, row_id: int | None = None, idem: str | None = None) -> Any:
+        dedupe = None if idem is None else f"{key.name}:{idem}"
+        with self.engine.connect() as conn:
+            row = api_db.own_row(conn, key.name, row_id=row_id, dedupe_key=dedupe)
+        if row is None:
+            raise ApiError(404, "not_found", "this key wrote no such notification")
+        return _view(row, key.name)
+
+    def cancel(self, key: KeyRow, *, row_id: int | None = None, idem: str | None = None) -> Any:
+        if key.read_only:
+            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        dedupe = None if idem is None else f"{key.name}:{idem}"
+        with self.engine.begin() as conn:
+            found = api_db.cancel_own(
+                conn, key.name, "cancelled through the API", row_id=row_id, dedupe_key=dedupe
+            )
+        if found is None:
+            raise ApiError(404, "not_found", "this key wrote no such notification")
+        row_id, status, cancelled = found
+        if not cancelled:
+            raise ApiError(409, "final", f"notification {row_id} is {status} already")
+        return {"id": row_id, "status": "cancelled"}
+
+    def ready(self) -> None:
+        """Raises unless the database (and Redis, when counting) answer."""
+        with self.engine.connect() as conn:
+            api_db.ready(conn)
+        if self.counter is not None:
+            self.counter.ping()
+
+
+def _view(row: dict[str, Any], producer: str) -> dict[str, Any]:
+    """A row as the API shows it: times in RFC 3339, the key as the producer gave it."""
+    dedupe = row.pop("dedupe_key")
+    prefix = f"{producer}:"
+    row["idempotency_key"] = (
+        dedupe[len(prefix) :] if isinstance(dedupe, str) and dedupe.startswith(prefix) else None
+    )
+    return {
+        name: _json(value)
+        if name != "history"
+        else [{k: _json(v) for k, v in h.items()} for h in value]
+        for name, value in row.items()
+    }
+
+
+def _json(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value

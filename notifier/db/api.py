@@ -1,0 +1,196 @@
+"""The SQL of the HTTP API (migration 0026): its keys, what each Idempotency-Key was first asked
+with, and a key's own rows, read and cancelled.
+
+Every statement that reads or cancels a row names the key's producer in its ``WHERE``: a key
+never sees, or learns of, another producer's row (the answer is the same as for no row). Rows
+are written by ``notifier.db.producers`` after ``name_producer`` names the transaction's
+``notifier.producer``, which the column's default fills in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+KEY_COLUMNS = "id, name, prefix, secret_hash, channels, categories, read_only, per_second"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    """An API key as stored: never the key itself, only its public prefix and its hash."""
+
+    id: int
+    name: str
+    prefix: str
+    secret_hash: bytes
+    #: the channels and categories it may write; ``None``: any
+    channels: list[str] | None
+    categories: list[str] | None
+    read_only: bool
+    #: requests a second it may make; ``None``: the deployment's default
+    per_second: int | None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+def create_key(conn: Connection, key: KeyRow) -> int:
+    """Store a new key; its id."""
+    return int(
+        conn.execute(
+            text(
+                "INSERT INTO api_keys (name, prefix, secret_hash, channels, categories,"
+                " read_only, per_second) VALUES (:name, :prefix, :secret_hash, :channels,"
+                " :categories, :read_only, :per_second) RETURNING id"
+            ),
+            {
+                "name": key.name,
+                "prefix": key.prefix,
+                "secret_hash": key.secret_hash,
+                "channels": key.channels,
+                "categories": key.categories,
+                "read_only": key.read_only,
+                "per_second": key.per_second,
+            },
+        ).scalar_one()
+    )
+
+
+def live_key(conn: Connection, prefix: str) -> KeyRow | None:
+    """The unrevoked key with this prefix, if there is one."""
+    row = conn.execute(
+        text(f"SELECT {KEY_COLUMNS} FROM api_keys WHERE prefix = :prefix AND revoked_at IS NULL"),
+        {"prefix": prefix},
+    ).first()
+    return None if row is None else KeyRow(*row)
+
+
+def keys(conn: Connection) -> list[KeyRow]:
+    """Every key, revoked ones too, oldest first."""
+    rows = conn.execute(
+        text(f"SELECT {KEY_COLUMNS}, created_at, revoked_at FROM api_keys ORDER BY id")
+    )
+    return [KeyRow(*row) for row in rows]
+
+
+def revoke_key(conn: Connection, prefix: str) -> bool:
+    """Revoke the key with this prefix; whether a live one was."""
+    found = conn.execute(
+        text(
+            "UPDATE api_keys SET revoked_at = now()"
+            " WHERE prefix = :prefix AND revoked_at IS NULL RETURNING id"
+        ),
+        {"prefix": prefix},
+    ).first()
+    return found is not None
+
+
+def name_producer(conn: Connection, producer: str) -> None:
+    """Rows this transaction writes carry ``producer`` (the column's default reads it)."""
+    conn.execute(text("SELECT set_config('notifier.producer', :name, true)"), {"name": producer})
+
+
+def hold_key(conn: Connection, dedupe_key: str) -> bool:
+    """Hold ``dedupe_key`` for this transaction; False if another request holds it now."""
+    return bool(
+        conn.execute(
+            text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 26))"),
+            {"key": dedupe_key},
+        ).scalar_one()
+    )
+
+
+def first_request(conn: Connection, dedupe_key: str) -> tuple[int, bytes, int] | None:
+    """(key id, body hash, notification id) of the request that first used ``dedupe_key``."""
+    row = conn.execute(
+        text("SELECT key_id, body_hash, notification_id FROM api_requests WHERE dedupe_key = :key"),
+        {"key": dedupe_key},
+    ).first()
+    return None if row is None else (int(row[0]), bytes(row[1]), int(row[2]))
+
+
+def record_request(
+    conn: Connection, dedupe_key: str, key_id: int, body_hash: bytes, notification_id: int
+) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
+            " VALUES (:key, :key_id, :hash, :id)"
+        ),
+        {"key": dedupe_key, "key_id": key_id, "hash": body_hash, "id": notification_id},
+    )
+
+
+VIEW = """
+    SELECT id, channel, profile, category, status, attempts, max_attempts, dedupe_key,
+           next_attempt_at, created_at, updated_at, sent_at, last_error, provider,
+           delivery_status, delivery_at, campaign_id, parent_id
+      FROM notifications
+     WHERE producer = :producer AND {which}
+"""
+BY_ID = text(VIEW.format(which="id = :id"))
+BY_KEY = text(VIEW.format(which="dedupe_key = :key"))
+
+HISTORY = text(
+    "SELECT attempt, at, outcome, error, provider, duration_ms FROM notification_attempts"
+    " WHERE notification_id = :id ORDER BY id"
+)
+
+
+def own_row(
+    conn: Connection, producer: str, *, row_id: int | None = None, dedupe_key: str | None = None
+) -> dict[str, Any] | None:
+    """The producer's row by id or by dedupe key, with its history; ``None`` if it has none."""
+    if row_id is not None:
+        found = conn.execute(BY_ID, {"producer": producer, "id": row_id}).mappings().first()
+    else:
+        found = conn.execute(BY_KEY, {"producer": producer, "key": dedupe_key}).mappings().first()
+    if found is None:
+        return None
+    row = dict(found)
+    row["history"] = [dict(h) for h in conn.execute(HISTORY, {"id": row["id"]}).mappings()]
+    return row
+
+
+CANCEL = """
+    WITH found AS (
+        SELECT id, status FROM notifications
+         WHERE producer = :producer AND {which}
+    ), cancelled AS (
+        UPDATE notifications AS n
+           SET status = 'cancelled', updated_at = now(), locked_until = NULL,
+               last_error = :reason
+          FROM found
+         WHERE n.id = found.id AND n.status IN ('pending', 'processing')
+        RETURNING n.id
+    )
+    SELECT found.id, found.status, EXISTS (SELECT 1 FROM cancelled) FROM found
+"""
+CANCEL_BY_ID = text(CANCEL.format(which="id = :id"))
+CANCEL_BY_KEY = text(CANCEL.format(which="dedupe_key = :key"))
+
+
+def cancel_own(
+    conn: Connection,
+    producer: str,
+    reason: str,
+    *,
+    row_id: int | None = None,
+    dedupe_key: str | None = None,
+) -> tuple[int, str, bool] | None:
+    """Cancel the producer's row unless it is final already: (id, its status before, whether
+    this cancelled it), or ``None`` if the producer has no such row."""
+    if row_id is not None:
+        params: dict[str, Any] = {"producer": producer, "id": row_id, "reason": reason}
+        found = conn.execute(CANCEL_BY_ID, params).first()
+    else:
+        params = {"producer": producer, "key": dedupe_key, "reason": reason}
+        found = conn.execute(CANCEL_BY_KEY, params).first()
+    return None if found is None else (int(found[0]), str(found[1]), bool(found[2]))
+
+
+def ready(conn: Connection) -> None:
+    """Raises unless the database answers."""
+    conn.execute(text("SELECT 1"))

@@ -1,0 +1,336 @@
+"""The HTTP API served by uvicorn on loopback, against real PostgreSQL and Redis, through a plain
+HTTP client: keys, idempotency, batches, reads and cancels limited to a key's own rows."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from notifier.api import keys, openapi
+from notifier.api.app import create_app
+from notifier.db import api as api_db
+from tests.console_server import free_port, serving
+from tests.factories import MakeSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIL = {"channel": "email", "to": "ann@example.com", "subject": "Hi", "body": "Welcome"}
+
+MakeKey = Callable[..., str]
+
+
+@pytest.fixture
+def api(engine: Engine, make_settings: MakeSettings, redis_url: str) -> Iterator[str]:
+    counter = redis.Redis.from_url(redis_url, socket_timeout=2)
+    settings = make_settings(api_rate_per_second=1000)
+    with serving(create_app(settings, engine, counter), free_port()) as url:
+        yield url
+    counter.close()
+
+
+@pytest.fixture
+def make_key(engine: Engine) -> MakeKey:
+    def make(name: str = "billing", **scopes: Any) -> str:
+        made = keys.make(name, **scopes)
+        with engine.begin() as conn:
+            api_db.create_key(conn, made.row)
+        return made.key
+
+    return make
+
+
+def call(url: str, key: str | None, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = dict(kwargs.pop("headers", {}))
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.request(method, url + path, headers=headers, timeout=10, **kwargs)
+
+
+def rows(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT id, producer, dedupe_key, recipient, status FROM notifications ORDER BY id"
+            )
+        )
+        return [tuple(r) for r in found]
+
+
+def test_a_notification_written_read_and_cancelled(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    made = call(api, key, "POST", "/v1/notifications", json=MAIL)
+    assert made.status_code == 201, made.text
+    row_id = made.json()["id"]
+    assert made.json() == {"id": row_id, "idempotency_key": None, "replayed": False}
+    assert rows(engine) == [(row_id, "billing", None, "ann@example.com", "pending")]
+
+    read = call(api, key, "GET", f"/v1/notifications/{row_id}")
+    assert read.status_code == 200
+    assert read.json()["status"] == "pending"
+    assert read.json()["history"] == []
+    assert "ann@example.com" not in read.text  # the address is not read back
+
+    cancelled = call(api, key, "POST", f"/v1/notifications/{row_id}/cancel")
+    assert cancelled.json() == {"id": row_id, "status": "cancelled"}
+    again = call(api, key, "POST", f"/v1/notifications/{row_id}/cancel")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "final"
+
+
+def test_an_idempotency_key_writes_once_replays_the_same_body_and_refuses_another(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    first = call(
+        api, key, "POST", "/v1/notifications", json=MAIL, headers={"Idempotency-Key": "k1"}
+    )
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first.headers
+    # the same request, spelt otherwise (key order, spaces): answered as the first was
+    same = json.dumps(dict(reversed(list(MAIL.items()))), indent=2)
+    replay = call(
+        api,
+        key,
+        "POST",
+        "/v1/notifications",
+        content=same,
+        headers={"Idempotency-Key": "k1", "Content-Type": "application/json"},
+    )
+    assert replay.status_code == 201
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json() == {**first.json(), "replayed": True}
+    other = call(
+        api, key, "POST", "/v1/notifications", json={**MAIL, "body": "Other"},
+        headers={"Idempotency-Key": "k1"},
+    )  # fmt: skip
+    assert other.status_code == 422
+    assert other.json()["error"] == {
+        "code": "idempotency_key_reused",
+        "message": "this idempotency key was used for another request: give each new"
+        " notification a key of its own",
+        "field": "Idempotency-Key",
+    }
+    assert [(r[1], r[2]) for r in rows(engine)] == [("billing", "billing:k1")]
+    by_key = call(api, key, "GET", "/v1/notifications", params={"idempotency_key": "k1"})
+    assert by_key.json()["id"] == first.json()["id"]
+    assert by_key.json()["idempotency_key"] == "k1"
+
+
+def test_concurrent_requests_with_one_key_write_one_row(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    answers: list[httpx.Response] = []
+    start = threading.Barrier(8)
+
+    def send() -> None:
+        start.wait()
+        answers.append(
+            call(api, key, "POST", "/v1/notifications", json=MAIL, headers={"Idempotency-Key": "c"})
+        )
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    statuses = sorted(a.status_code for a in answers)
+    assert len(statuses) == 8
+    assert set(statuses) <= {201, 409}
+    assert 201 in statuses
+    for a in answers:
+        if a.status_code == 409:
+            assert a.json()["error"]["code"] == "in_progress"
+            assert a.headers["Retry-After"] == "1"
+    assert len(rows(engine)) == 1
+
+
+def test_a_key_reads_and_cancels_only_its_own_rows(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    billing, shipping = make_key("billing"), make_key("shipping")
+    mine = call(api, billing, "POST", "/v1/notifications", json=MAIL,
+                headers={"Idempotency-Key": "same"}).json()["id"]  # fmt: skip
+    theirs = call(api, shipping, "POST", "/v1/notifications", json=MAIL,
+                  headers={"Idempotency-Key": "same"})  # fmt: skip
+    assert theirs.status_code == 201  # keys of two producers never meet
+    for method, path in [
+        ("GET", f"/v1/notifications/{mine}"),
+        ("POST", f"/v1/notifications/{mine}/cancel"),
+    ]:
+        answer = call(api, shipping, method, path)
+        assert answer.status_code == 404
+        assert answer.json()["error"]["code"] == "not_found"
+    assert call(api, shipping, "POST", "/v1/notifications/cancel",
+                json={"idempotency_key": "same"}).status_code == 200  # fmt: skip
+    statuses = {r[2]: r[4] for r in rows(engine)}
+    assert statuses == {"billing:same": "pending", "shipping:same": "cancelled"}
+
+
+@pytest.mark.parametrize(
+    ("scopes", "body", "field"),
+    [
+        ({"read_only": True}, MAIL, None),
+        ({"channels": ["sms"]}, MAIL, "channel"),
+        ({"categories": ["billing"]}, {**MAIL, "category": "marketing"}, "category"),
+    ],
+)
+def test_a_key_writes_only_within_its_scope(
+    api: str, make_key: MakeKey, engine: Engine, scopes: dict[str, Any], body: Any, field: Any
+) -> None:
+    refused = call(api, make_key(**scopes), "POST", "/v1/notifications", json=body)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["field"] == field
+    assert rows(engine) == []
+
+
+def test_no_key_a_wrong_key_and_a_revoked_key_are_refused(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    assert call(api, None, "POST", "/v1/notifications", json=MAIL).status_code == 401
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    assert call(api, wrong, "POST", "/v1/notifications", json=MAIL).status_code == 401
+    with engine.begin() as conn:
+        assert api_db.revoke_key(conn, keys.prefix_of(key) or "")
+    refused = call(api, key, "POST", "/v1/notifications", json=MAIL)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "unauthorized"
+    assert rows(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "field"),
+    [
+        (b"{", 400, "invalid_json", None),
+        (b"[" * 100 + b"]" * 100, 400, "too_deep", None),
+        (b'{"channel": "email", "to": "a@b.c", "priority": NaN}', 400, "invalid_json", None),
+        (b"\xff", 400, "invalid_json", None),
+        (b"[]", 422, "invalid_body", None),
+        (b'{"channel": "email", "to": "a@b.c", "subjet": "x"}', 422, "unknown_field", "subjet"),
+        (b'{"to": "a@b.c"}', 422, "invalid_field", "channel"),
+        (b'{"channel": "email", "to": 5}', 422, "invalid_field", "to"),
+        (
+            b'{"channel": "email", "to": "a@b.c", "send_at": "2026-12-24T18:00"}',
+            422,
+            "invalid_field",
+            "send_at",
+        ),
+        (
+            b'{"channel": "email", "to": "a@b.c", "max_attempts": true}',
+            422,
+            "invalid_field",
+            "max_attempts",
+        ),
+        (b'{"channel": "fax", "to": "a@b.c", "body": "x"}', 422, "invalid_notification", None),
+        (
+            b'{"channel": "email", "to": "not an address", "body": "x"}',
+            422,
+            "invalid_notification",
+            None,
+        ),
+    ],
+)
+def test_bad_requests_get_a_clear_error_and_write_nothing(
+    api: str, make_key: MakeKey, engine: Engine, body: bytes, status: int, code: str, field: Any
+) -> None:
+    answer = call(
+        api, make_key(), "POST", "/v1/notifications", content=body,
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["code"] == code
+    assert answer.json()["error"]["field"] == field
+    assert rows(engine) == []
+
+
+def test_the_edges_of_a_request_are_refused_before_the_body_is_read(
+    api: str, make_key: MakeKey
+) -> None:
+    key = make_key()
+    plain = call(
+        api, key, "POST", "/v1/notifications", content=b"x", headers={"Content-Type": "text/plain"}
+    )
+    assert plain.status_code == 415
+    big = call(api, key, "POST", "/v1/notifications", content=b" " * (4 * 1024 * 1024 + 1),
+               headers={"Content-Type": "application/json"})  # fmt: skip
+    assert big.status_code == 413
+    long_key = call(api, key, "POST", "/v1/notifications", json=MAIL,
+                    headers={"Idempotency-Key": "k" * 256})  # fmt: skip
+    assert long_key.json()["error"]["code"] == "invalid_idempotency_key"
+    nowhere = call(api, key, "GET", "/v1/nothing")
+    assert (nowhere.status_code, nowhere.json()["error"]["code"]) == (404, "not_found")
+    assert call(api, key, "GET", "/v1/notifications/abc").status_code == 404
+    assert call(api, key, "DELETE", "/v1/notifications/1").status_code == 405
+
+
+def test_a_batch_writes_each_item_or_refuses_it_on_its_own(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    items = [
+        {**MAIL, "idempotency_key": "b1"},
+        {**MAIL, "to": "not an address"},
+        {**MAIL, "idempotency_key": "b1"},
+        "not an object",
+        {**MAIL, "to": "bob@example.com"},
+    ]
+    answer = call(api, key, "POST", "/v1/notifications/batch", json={"notifications": items})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["status"] for r in results] == [
+        "created",
+        "refused",
+        "replayed",
+        "refused",
+        "created",
+    ]
+    assert results[1]["error"]["code"] == "invalid_notification"
+    assert results[2]["id"] == results[0]["id"]
+    assert [r[3] for r in rows(engine)] == ["ann@example.com", "bob@example.com"]
+    too_many = call(api, key, "POST", "/v1/notifications/batch",
+                    json={"notifications": [MAIL] * 1001})  # fmt: skip
+    assert too_many.status_code == 422
+
+
+def test_a_key_over_its_rate_is_told_when_to_come_back(
+    engine: Engine, make_settings: MakeSettings, redis_url: str, make_key: MakeKey
+) -> None:
+    counter = redis.Redis.from_url(redis_url, socket_timeout=2)
+    app = create_app(make_settings(), engine, counter)
+    key = make_key(per_second=2)
+    with serving(app, free_port()) as url:
+        statuses = [call(url, key, "GET", "/v1/notifications/1").status_code for _ in range(6)]
+    assert statuses.count(429) >= 3  # at most 2 a second, over at most two seconds
+    assert set(statuses) <= {404, 429}
+
+
+def test_an_outage_is_a_503_not_a_500(make_settings: MakeSettings, make_key: MakeKey) -> None:
+    from notifier.db import make_engine
+
+    gone = make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=2")
+    app = create_app(make_settings(), gone, None)
+    with serving(app, free_port()) as url:
+        ready = httpx.get(url + "/ready", timeout=10)
+        written = call(url, make_key(), "POST", "/v1/notifications", json=MAIL)
+    assert (ready.status_code, ready.json()["error"]["code"]) == (503, "unavailable")
+    assert ready.headers["Retry-After"] == "5"
+    assert written.status_code == 503
+    gone.dispose()
+
+
+def test_the_document_served_is_the_one_in_the_repository(api: str) -> None:
+    served = httpx.get(api + "/openapi.json", timeout=10).json()
+    kept = json.loads((ROOT / "docs" / "openapi.json").read_text())
+    assert served == kept == openapi.document(), (
+        "docs/openapi.json is stale: notifier api --print-openapi > docs/openapi.json"
+    )
