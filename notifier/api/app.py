@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -45,8 +46,13 @@ log = logging.getLogger("notifier.api")
 Handler = Callable[[Request, KeyRow], Awaitable[Response]]
 
 
-def create_app(settings: Settings, engine: Engine, counter: redis.Redis | None) -> Starlette:
-    service = Service(settings, engine, counter)
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    counter: redis.Redis | None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Starlette:
+    service = Service(settings, engine, counter, clock)
     document = openapi.document()
 
     async def body_json(request: Request) -> Any:
