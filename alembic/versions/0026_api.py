@@ -14,7 +14,8 @@ keys of two producers never meet.
 ``notifier_api`` is the group role of the API's logins: it writes rows with any producer name
 (not a member of ``notifier_producer``, whose trigger holds a login to its own name; the API
 names each transaction's ``notifier.producer`` after the key) and reads and cancels rows, which
-the API limits to the key's own in every statement.
+the API limits to the key's own in every statement; like a producer, it changes a row only from
+``pending`` or ``processing`` to ``cancelled`` (row-level security).
 
 Revision ID: 0026
 Revises: 0025
@@ -91,9 +92,16 @@ def upgrade() -> None:
     )
     for grant in GRANTS:
         op.execute(grant)
+    # As a producer's: the API changes a row only from pending or processing to cancelled.
+    op.execute(
+        "CREATE POLICY notifications_api_cancels ON notifications AS RESTRICTIVE"
+        " FOR UPDATE TO notifier_api"
+        " USING (status IN ('pending', 'processing')) WITH CHECK (status = 'cancelled')"
+    )
 
 
 def downgrade() -> None:
+    op.execute("DROP POLICY notifications_api_cancels ON notifications")
     op.execute("DROP TABLE api_requests")
     op.execute("DROP TABLE api_keys")
     op.execute(f"REVOKE ALL ({CONTRACT}) ON notifications FROM notifier_api")

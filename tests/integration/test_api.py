@@ -14,12 +14,14 @@ import httpx
 import pytest
 import redis
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from notifier.api import keys, openapi
 from notifier.api.app import create_app
 from notifier.db import api as api_db
 from tests.console_server import free_port, serving
 from tests.factories import MakeSettings
+from tests.roles import Logins
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIL = {"channel": "email", "to": "ann@example.com", "subject": "Hi", "body": "Welcome"}
@@ -342,3 +344,39 @@ def test_the_document_served_is_the_one_in_the_repository(api: str) -> None:
     assert served == kept == openapi.document(), (
         "docs/openapi.json is stale: notifier api --print-openapi > docs/openapi.json"
     )
+
+
+def test_the_api_runs_as_a_notifier_api_login_which_may_do_nothing_more(
+    engine: Engine, database_url: str, make_settings: MakeSettings, make_key: MakeKey
+) -> None:
+    from notifier.db import make_engine
+
+    logins = Logins(engine, database_url)
+    try:
+        user = logins.make("notifier_api")
+        as_api = make_engine(logins.url(user))
+        key = make_key("billing")
+        with serving(create_app(make_settings(), as_api, None), free_port()) as url:
+            made = call(url, key, "POST", "/v1/notifications", json=MAIL,
+                        headers={"Idempotency-Key": "r1"})  # fmt: skip
+            assert made.status_code == 201, made.text
+            row_id = made.json()["id"]
+            assert call(url, key, "GET", f"/v1/notifications/{row_id}").status_code == 200
+            assert call(url, key, "POST", f"/v1/notifications/{row_id}/cancel").status_code == 200
+        assert rows(engine) == [(row_id, "billing", "billing:r1", "ann@example.com", "cancelled")]
+        for statement in (
+            "DELETE FROM notifications",
+            "UPDATE notifications SET status = 'sent', sent_at = now()",
+            "INSERT INTO api_keys (name, prefix, secret_hash) VALUES ('x', 'x', '\\x00')",
+            "UPDATE notifications SET attempts = 0",
+            "DELETE FROM api_requests",
+        ):
+            refused = "permission denied|violates row-level security"
+            with pytest.raises(DBAPIError, match=refused), as_api.begin() as conn:
+                conn.execute(text(statement))
+        with as_api.begin() as conn:  # a cancelled row sent after all: row-level security
+            conn.execute(text("UPDATE notifications SET status = 'pending'"))
+        assert rows(engine)[0][4] == "cancelled"
+        as_api.dispose()
+    finally:
+        logins.drop()
