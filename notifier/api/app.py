@@ -131,13 +131,16 @@ def create_app(
     async def served_document(request: Request) -> Response:
         return JSONResponse(document)
 
+    async def notifications(request: Request, key: KeyRow) -> Response:
+        return await (create if request.method == "POST" else read)(request, key)
+
     routes = [
-        Route("/v1/notifications", keyed(create), methods=["POST"]),
-        Route("/v1/notifications", keyed(read), methods=["GET"]),
+        # one route per path, so that a 405 lists every method the path has in its Allow
+        Route("/v1/notifications", keyed(notifications), methods=["GET", "POST"]),
         Route("/v1/notifications/batch", keyed(create_many), methods=["POST"]),
         Route("/v1/notifications/cancel", keyed(cancel), methods=["POST"]),
-        Route("/v1/notifications/{id}", keyed(read), methods=["GET"]),
-        Route("/v1/notifications/{id}/cancel", keyed(cancel), methods=["POST"]),
+        Route("/v1/notifications/{id:int}", keyed(read), methods=["GET"]),
+        Route("/v1/notifications/{id:int}/cancel", keyed(cancel), methods=["POST"]),
         Route("/openapi.json", served_document, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
@@ -151,16 +154,17 @@ async def _no_route(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 404
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "refused")
     refused = ApiError(status, code, f"no such route: see /openapi.json ({status})")
-    return JSONResponse(refused.document(), status_code=status)
+    headers = exc.headers if isinstance(exc, HTTPException) else None  # 405's Allow
+    return JSONResponse(refused.document(), status_code=status, headers=headers)
 
 
 def _row_id(request: Request) -> int | None:
-    raw = request.path_params.get("id")
-    if raw is None:
+    found = request.path_params.get("id")
+    if found is None:
         return None
-    if not (isinstance(raw, str) and raw.isdigit() and len(raw) <= 18):
-        raise ApiError(404, "not_found", "a notification's id is a whole number", "id")
-    return int(raw)
+    if not isinstance(found, int) or not 0 < found < 2**63:
+        raise ApiError(404, "not_found", "this key wrote no such notification", "id")
+    return found
 
 
 class _Guard:

@@ -92,7 +92,13 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "required": ["notifications"],
         "properties": {
-            "notifications": {"type": "array", "minItems": 1, "items": {"type": "object"}}
+            "notifications": {
+                "type": "array",
+                "minItems": 1,
+                "description": "Each item a BatchItem, checked on its own: one that is not (or"
+                " that notifier could not send) is refused in its result, the others written.",
+                "items": {},
+            }
         },
     },
     "Created": {
