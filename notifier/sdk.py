@@ -183,13 +183,30 @@ class _Base:
         self.retries = retries
         self.backoff = backoff
 
-    def _outcome(self, response: httpx.Response, attempt: int) -> httpx.Response | None:
-        """The response if it is final; ``None`` to try again; raises a final refusal."""
-        if response.status_code < 400:
-            return response
-        error = _error(response)
+    def _request(self, call: _Call) -> dict[str, Any]:
+        return {
+            "method": call.method,
+            "url": self.base_url + call.path,
+            "json": call.json,
+            "params": call.params,
+            "headers": {**self.headers, **(call.headers or {})},
+        }
+
+    def _outcome(
+        self, answer: httpx.Response | httpx.TransportError, attempt: int
+    ) -> httpx.Response | float:
+        """The response if it is final, or how long to wait before trying again; raises when
+        it is refused, or when this was the last try."""
+        if isinstance(answer, httpx.Response) and answer.status_code < 400:
+            return answer
+        if isinstance(answer, httpx.Response):
+            error = _error(answer)
+        else:
+            error = Unavailable(0, "unreachable", str(answer))
         if isinstance(error, Unavailable) and attempt < self.retries:
-            return None
+            return _wait(
+                attempt, self.backoff, answer if isinstance(answer, httpx.Response) else None
+            )
         raise error
 
 
@@ -237,21 +254,16 @@ class Client(_Base):
 
     def _send(self, call: _Call) -> httpx.Response:
         for attempt in range(self.retries + 1):
-            response = None
             try:
-                response = self._http.request(
-                    call.method,
-                    self.base_url + call.path,
-                    json=call.json,
-                    params=call.params,
-                    headers={**self.headers, **(call.headers or {})},
+                answer: httpx.Response | httpx.TransportError = self._http.request(
+                    **self._request(call)
                 )
-                if (done := self._outcome(response, attempt)) is not None:
-                    return done
             except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise Unavailable(0, "unreachable", str(exc)) from exc
-            time.sleep(_wait(attempt, self.backoff, response))
+                answer = exc
+            outcome = self._outcome(answer, attempt)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            time.sleep(outcome)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
@@ -310,21 +322,16 @@ class AsyncClient(_Base):
 
     async def _send(self, call: _Call) -> httpx.Response:
         for attempt in range(self.retries + 1):
-            response = None
             try:
-                response = await self._http.request(
-                    call.method,
-                    self.base_url + call.path,
-                    json=call.json,
-                    params=call.params,
-                    headers={**self.headers, **(call.headers or {})},
+                answer: httpx.Response | httpx.TransportError = await self._http.request(
+                    **self._request(call)
                 )
-                if (done := self._outcome(response, attempt)) is not None:
-                    return done
             except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise Unavailable(0, "unreachable", str(exc)) from exc
-            await asyncio.sleep(_wait(attempt, self.backoff, response))
+                answer = exc
+            outcome = self._outcome(answer, attempt)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            await asyncio.sleep(outcome)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
