@@ -12,6 +12,9 @@ ALTER ROLE billing_service SET notifier.producer = 'billing';
 -- The Celery workers and beat, `notifier metrics` and the workers' `notifier health`.
 CREATE ROLE notifier_worker_login LOGIN PASSWORD 'change me' IN ROLE notifier_worker;
 
+-- `notifier api`: writes rows as each API key's name, reads them, cancels them (docs/api.md).
+CREATE ROLE notifier_api_login LOGIN PASSWORD 'change me' IN ROLE notifier_api;
+
 -- People and jobs running the `notifier` command's day-two work (stats, show, requeue,
 -- cancel, purge, send, campaigns, templates, suppressions). notifier_operator is a member of
 -- notifier_audience, so these logins may SET ROLE to it for audience queries.
@@ -28,7 +31,9 @@ GRANT SELECT ON users TO notifier_audience;
 
 -- Removing the roles: they belong to the whole cluster and notifier_audience owns the function
 -- notifier_audience_rows in every notifier database. In each such database, first:
---   DROP OWNED BY notifier_producer, notifier_worker, notifier_operator, notifier_audience;
+--   DROP OWNED BY notifier_producer, notifier_worker, notifier_operator, notifier_audience,
+--                 notifier_api;
 -- then, once:
---   DROP ROLE billing_service, notifier_worker_login, ops_alice;
---   DROP ROLE notifier_producer, notifier_worker, notifier_operator, notifier_audience;
+--   DROP ROLE billing_service, notifier_worker_login, ops_alice, notifier_api_login;
+--   DROP ROLE notifier_producer, notifier_worker, notifier_operator, notifier_audience,
+--             notifier_api;

@@ -29,7 +29,13 @@ from notifier.settings import Settings
 from tests.factories import SetEnv
 from tests.roles import Logins
 
-GROUPS = ("notifier_producer", "notifier_worker", "notifier_operator", "notifier_audience")
+GROUPS = (
+    "notifier_producer",
+    "notifier_worker",
+    "notifier_operator",
+    "notifier_audience",
+    "notifier_api",
+)
 REFUSED = "grant notifier_audience SELECT on the tables your audience query reads"
 
 
@@ -277,7 +283,7 @@ def test_the_downgrade_revokes_the_grants_and_keeps_the_roles(engine: Engine) ->
         "SELECT count(*) FROM information_schema.role_table_grants WHERE grantee = ANY(:roles)"
     )
     assert _one(engine, granted, **roles) == 0
-    assert _one(engine, "SELECT count(*) FROM pg_roles WHERE rolname = ANY(:roles)", **roles) == 4
+    assert _one(engine, "SELECT count(*) FROM pg_roles WHERE rolname = ANY(:roles)", **roles) == 5
     command.upgrade(config, "head")
     assert _one(engine, granted, **roles) != 0
 
@@ -292,8 +298,9 @@ def test_the_documented_script_makes_working_logins(engine: Engine) -> None:
                 "SELECT pg_has_role('billing_service', 'notifier_producer', 'MEMBER'),"
                 " pg_has_role('notifier_worker_login', 'notifier_worker', 'MEMBER'),"
                 " pg_has_role('ops_alice', 'notifier_audience', 'MEMBER'),"
+                " pg_has_role('notifier_api_login', 'notifier_api', 'MEMBER'),"
                 " has_table_privilege('notifier_audience', 'users', 'SELECT')"
             )
         ).one()
         conn.rollback()  # the logins belong to the cluster: leave none behind
-    assert tuple(members) == (True, True, True, True)
+    assert tuple(members) == (True, True, True, True, True)
