@@ -70,6 +70,51 @@ def enqueue(
     of the reason the worker would record (``notifier.delivery.intake``), and nothing reaches
     the caller's transaction but a read of the row's template.
     """
+    values = checked_row(
+        conn,
+        channel=channel,
+        to=to,
+        profile=profile,
+        subject=subject,
+        body=body,
+        payload=payload,
+        key=key,
+        send_at=send_at,
+        delay=delay,
+        max_attempts=max_attempts,
+        priority=priority,
+        expires_at=expires_at,
+        guard=guard,
+        template=template,
+        locale=locale,
+        category=category,
+    )
+    row_id, created = producers.enqueue_row(conn, values)
+    return Enqueued(row_id, created)
+
+
+def checked_row(
+    conn: producers.ProducerConnection,
+    *,
+    channel: str,
+    to: str | None = None,
+    profile: str | None = None,
+    subject: str | None = None,
+    body: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    key: str | None = None,
+    send_at: datetime | None = None,
+    delay: timedelta | None = None,
+    max_attempts: int = 5,
+    priority: int = 0,
+    expires_at: datetime | None = None,
+    guard: str | None = None,
+    template: str | None = None,
+    locale: str | None = None,
+    category: str | None = None,
+) -> dict[str, Any]:
+    """The row ``enqueue`` writes, as the values of ``producers.enqueue_row``, after the checks
+    a worker would make; ``ValueError`` with the reason if it would give the row up."""
     if send_at is not None and delay is not None:
         raise ValueError("give send_at or delay, not both")
     if send_at is not None and send_at.tzinfo is None:
@@ -113,27 +158,23 @@ def enqueue(
 
     if refused is not None:
         raise ValueError(refused)
-    row_id, created = producers.enqueue_row(
-        conn,
-        {
-            "channel": channel,
-            "recipient": "" if to is None else to,  # "": the profile's, read when sent
-            "subject": subject,
-            "body": body,
-            "payload": document,
-            "dedupe_key": key,
-            "max_attempts": max_attempts,
-            "priority": priority,
-            "send_at": send_at,
-            "expires_at": expires_at,
-            "guard": guard,
-            "template": template,
-            "locale": locale,
-            "category": category,
-            "profile": profile,
-        },
-    )
-    return Enqueued(row_id, created)
+    return {
+        "channel": channel,
+        "recipient": "" if to is None else to,  # "": the profile's, read when sent
+        "subject": subject,
+        "body": body,
+        "payload": document,
+        "dedupe_key": key,
+        "max_attempts": max_attempts,
+        "priority": priority,
+        "send_at": send_at,
+        "expires_at": expires_at,
+        "guard": guard,
+        "template": template,
+        "locale": locale,
+        "category": category,
+        "profile": profile,
+    }
 
 
 def _addressee(
@@ -208,7 +249,7 @@ def upsert_profile(
     producers.upsert_profile(conn, profile_id, values)
 
 
-__all__ = ["Enqueued", "cancel", "enqueue", "upsert_profile"]
+__all__ = ["Enqueued", "cancel", "checked_row", "enqueue", "upsert_profile"]
 
 
 def cancel(

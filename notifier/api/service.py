@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy import Engine
 
-from notifier import client
-from notifier.api import bodies, keys
+from notifier.api import batch, bodies, keys
+from notifier.api.batch import Created
 from notifier.api.bodies import ApiError
 from notifier.db import api as api_db
 from notifier.db.api import KeyRow
@@ -33,18 +31,6 @@ from notifier.settings import Settings
 log = logging.getLogger(__name__)
 
 RATE_KEY = "notifier:api:rate:{key}:{second}"
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    """A row written (or found again, ``replayed``) for one request."""
-
-    id: int
-    idempotency_key: str | None
-    replayed: bool
-
-    def document(self) -> dict[str, Any]:
-        return {"id": self.id, "idempotency_key": self.idempotency_key, "replayed": self.replayed}
 
 
 class Service:
@@ -101,18 +87,21 @@ class Service:
     # -- writing ----------------------------------------------------------------------------
 
     def create(self, key: KeyRow, doc: Any, idempotency_key: str | None) -> Created:
-        args = self._checked(key, doc)
+        one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, fields))
         with self.engine.begin() as conn:
             api_db.name_producer(conn, key.name)
-            return self._create(conn, key, args, doc, idempotency_key)
+            [outcome] = batch.write(conn, key, [one])
+        if isinstance(outcome, ApiError):
+            raise outcome
+        return outcome
 
     def create_many(self, key: KeyRow, doc: Any) -> list[dict[str, Any]]:
-        """Each item written or refused on its own (a savepoint each), in one transaction."""
-        items = doc.get("notifications") if isinstance(doc, dict) else None
+        """Each item written or refused on its own, in one transaction (``batch``)."""
+        listed = doc.get("notifications") if isinstance(doc, dict) else None
         limit = self.settings.api_max_batch
         if (
-            not isinstance(items, list)
-            or not 0 < len(items) <= limit
+            not isinstance(listed, list)
+            or not 0 < len(listed) <= limit
             or set(doc) != {"notifications"}
         ):
             raise ApiError(
@@ -121,29 +110,39 @@ class Service:
                 f'send {{"notifications": [...]}} with 1 to {limit} notifications',
                 "notifications",
             )
-        results: list[dict[str, Any]] = []
+        if key.read_only:
+            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        items = [self._item(key, given) for given in listed]
         with self.engine.begin() as conn:
             api_db.name_producer(conn, key.name)
-            for index, item in enumerate(items):
-                try:
-                    given = item.get("idempotency_key") if isinstance(item, dict) else None
-                    idem = bodies.idempotency_key(
-                        given if isinstance(given, str) or given is None else str(given),
-                        "idempotency_key",
-                    )
-                    fields = (
-                        {k: v for k, v in item.items() if k != "idempotency_key"}
-                        if isinstance(item, dict)
-                        else item
-                    )
-                    args = self._checked(key, fields)
-                    with conn.begin_nested():
-                        made = self._create(conn, key, args, fields, idem)
-                    status = "replayed" if made.replayed else "created"
-                    results.append({"index": index, "status": status, **made.document()})
-                except ApiError as exc:
-                    results.append({"index": index, "status": "refused", **exc.document()})
-        return results
+            outcomes = batch.write(conn, key, items)
+        return [
+            {"index": index, "status": "refused", **outcome.document()}
+            if isinstance(outcome, ApiError)
+            else {
+                "index": index,
+                "status": "replayed" if outcome.replayed else "created",
+                **outcome.document(),
+            }
+            for index, outcome in enumerate(outcomes)
+        ]
+
+    def _item(self, key: KeyRow, given: Any) -> batch.Item | ApiError:
+        """One batch item, checked; the refusal if it is refused."""
+        try:
+            named = given.get("idempotency_key") if isinstance(given, dict) else None
+            idem = bodies.idempotency_key(
+                named if isinstance(named, str) or named is None else str(named),
+                "idempotency_key",
+            )
+            fields = (
+                {k: v for k, v in given.items() if k != "idempotency_key"}
+                if isinstance(given, dict)
+                else given
+            )
+            return batch.item(key, fields, idem, lambda checked: self._checked(key, checked))
+        except ApiError as exc:
+            return exc
 
     def _checked(self, key: KeyRow, doc: Any) -> dict[str, Any]:
         if key.read_only:
@@ -155,57 +154,6 @@ class Service:
                     403, "out_of_scope", f"this key may write {field} {allowed} only", field
                 )
         return args
-
-    def _create(
-        self,
-        conn: Connection,
-        key: KeyRow,
-        args: dict[str, Any],
-        doc: Any,
-        idempotency_key: str | None,
-    ) -> Created:
-        dedupe = None if idempotency_key is None else f"{key.name}:{idempotency_key}"
-        digest = bodies.request_hash(doc)
-        if dedupe is not None:
-            if not api_db.hold_key(conn, dedupe):
-                raise ApiError(
-                    409,
-                    "in_progress",
-                    "a request with this idempotency key is under way: try again in a moment",
-                    "Idempotency-Key",
-                    retry_after=1,
-                )
-            first = api_db.first_request(conn, dedupe)
-            if first is not None:
-                _, first_hash, row_id = first
-                if first_hash != digest:
-                    raise ApiError(
-                        422,
-                        "idempotency_key_reused",
-                        "this idempotency key was used for another request: give each new"
-                        " notification a key of its own",
-                        "Idempotency-Key",
-                    )
-                return Created(row_id, idempotency_key, replayed=True)
-        try:
-            made = client.enqueue(conn, key=dedupe, **args)
-        except ValueError as exc:
-            raise ApiError(422, "invalid_notification", str(exc)) from None
-        except (DataError, IntegrityError) as exc:
-            reason = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
-            raise ApiError(
-                422, "invalid_notification", f"the database refused it: {reason}"
-            ) from None
-        if not made.created:  # written with this dedupe_key, by SQL, not through the API
-            raise ApiError(
-                409,
-                "key_in_use",
-                "a notification with this key was written without the API: use another key",
-                "Idempotency-Key",
-            )
-        if dedupe is not None:
-            api_db.record_request(conn, dedupe, key.id, digest, made.id)
-        return Created(made.id, idempotency_key, replayed=False)
 
     # -- reading and cancelling -------------------------------------------------------------
 

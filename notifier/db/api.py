@@ -9,6 +9,7 @@ are written by ``notifier.db.producers`` after ``name_producer`` names the trans
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -92,34 +93,47 @@ def name_producer(conn: Connection, producer: str) -> None:
     conn.execute(text("SELECT set_config('notifier.producer', :name, true)"), {"name": producer})
 
 
-def hold_key(conn: Connection, dedupe_key: str) -> bool:
-    """Hold ``dedupe_key`` for this transaction; False if another request holds it now."""
-    return bool(
-        conn.execute(
-            text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 26))"),
-            {"key": dedupe_key},
-        ).scalar_one()
+def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
+    """Hold each of ``dedupe_keys`` for this transaction (advisory locks, tried in the order
+    given, never waited for); those it holds now, not those another request holds."""
+    found = conn.execute(
+        text(
+            "SELECT k FROM unnest(CAST(:keys AS text[])) WITH ORDINALITY AS u(k, n)"
+            " WHERE pg_try_advisory_xact_lock(hashtextextended(k, 26)) ORDER BY n"
+        ),
+        {"keys": list(dedupe_keys)},
     )
+    return {str(k) for (k,) in found}
 
 
-def first_request(conn: Connection, dedupe_key: str) -> tuple[int, bytes, int] | None:
-    """(key id, body hash, notification id) of the request that first used ``dedupe_key``."""
-    row = conn.execute(
-        text("SELECT key_id, body_hash, notification_id FROM api_requests WHERE dedupe_key = :key"),
-        {"key": dedupe_key},
-    ).first()
-    return None if row is None else (int(row[0]), bytes(row[1]), int(row[2]))
+def first_requests(
+    conn: Connection, dedupe_keys: Sequence[str]
+) -> dict[str, tuple[int, bytes, int]]:
+    """For each of ``dedupe_keys`` used before: (key id, request hash, notification id)."""
+    found = conn.execute(
+        text(
+            "SELECT dedupe_key, key_id, body_hash, notification_id FROM api_requests"
+            " WHERE dedupe_key = ANY(CAST(:keys AS text[]))"
+        ),
+        {"keys": list(dedupe_keys)},
+    )
+    return {str(k): (int(i), bytes(h), int(n)) for k, i, h, n in found}
 
 
-def record_request(
-    conn: Connection, dedupe_key: str, key_id: int, body_hash: bytes, notification_id: int
-) -> None:
+def record_requests(conn: Connection, requests: Sequence[tuple[str, int, bytes, int]]) -> None:
+    """Keep (dedupe key, key id, request hash, notification id) for each new key."""
     conn.execute(
         text(
             "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
-            " VALUES (:key, :key_id, :hash, :id)"
+            " SELECT * FROM unnest(CAST(:keys AS text[]), CAST(:key_ids AS bigint[]),"
+            "                      CAST(:hashes AS bytea[]), CAST(:ids AS bigint[]))"
         ),
-        {"key": dedupe_key, "key_id": key_id, "hash": body_hash, "id": notification_id},
+        {
+            "keys": [r[0] for r in requests],
+            "key_ids": [r[1] for r in requests],
+            "hashes": [r[2] for r in requests],
+            "ids": [r[3] for r in requests],
+        },
     )
 
 

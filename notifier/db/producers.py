@@ -6,7 +6,9 @@ holds; nothing here commits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -63,6 +65,53 @@ def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[in
     if existing is None:  # the conflicting row was deleted between the two statements
         return enqueue_row(conn, values)
     return int(existing[0]), False
+
+
+ROW_COLUMNS = (
+    "channel text, recipient text, subject text, body text, payload jsonb, dedupe_key text,"
+    " max_attempts integer, priority integer, send_at timestamptz, expires_at timestamptz,"
+    " guard text, template text, locale text, category text, profile text"
+)
+
+# Rows in the order given (their ids too, as identity values are drawn in that order); a row
+# whose dedupe_key exists is left out of what comes back.
+ENQUEUE_MANY = text(
+    f"""
+    INSERT INTO notifications
+           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+            next_attempt_at, expires_at, guard, template, locale, category, profile)
+    SELECT r.channel, r.recipient, r.subject, r.body, r.payload, r.dedupe_key,
+           r.max_attempts, r.priority, coalesce(r.send_at, now()), r.expires_at, r.guard,
+           r.template, r.locale, r.category, r.profile
+      FROM ROWS FROM (jsonb_to_recordset(CAST(:rows AS jsonb)) AS ({ROW_COLUMNS}))
+           WITH ORDINALITY AS r
+     ORDER BY r.ordinality
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id, dedupe_key
+    """
+)
+
+
+def enqueue_rows(
+    conn: Connection, rows: Sequence[Mapping[str, Any]]
+) -> list[tuple[int, str | None]]:
+    """Insert rows (each as ``enqueue_row`` takes it) in one statement: (id, dedupe_key) of
+    each written, in the order given; a row whose key existed is not among them."""
+    documents = [
+        {
+            **row,
+            "payload": json.loads(row["payload"]),
+            "send_at": _iso(row["send_at"]),
+            "expires_at": _iso(row["expires_at"]),
+        }
+        for row in rows
+    ]
+    found = conn.execute(ENQUEUE_MANY, {"rows": json.dumps(documents, ensure_ascii=False)})
+    return sorted((int(i), key) for i, key in found)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:

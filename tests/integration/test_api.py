@@ -380,3 +380,33 @@ def test_the_api_runs_as_a_notifier_api_login_which_may_do_nothing_more(
         as_api.dispose()
     finally:
         logins.drop()
+
+
+def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    with engine.begin() as conn:  # a fault for real: the database refuses one recipient's row
+        conn.execute(
+            text(
+                "CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.recipient = 'refused@example.com' THEN"
+                " RAISE EXCEPTION 'this recipient is refused'; END IF; RETURN NEW; END $$;"
+                " CREATE TRIGGER refuse_row BEFORE INSERT ON notifications"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_row()"
+            )
+        )
+    items = [
+        {**MAIL, "idempotency_key": "a"},
+        {**MAIL, "to": "refused@example.com"},
+        {**MAIL, "to": "bob@example.com", "idempotency_key": "a"},  # the same key, another body
+        {**MAIL, "to": "carol@example.com"},
+    ]
+    answer = call(api, make_key(), "POST", "/v1/notifications/batch", json={"notifications": items})
+    results = answer.json()["results"]
+    assert [r["status"] for r in results] == ["created", "refused", "refused", "created"]
+    assert results[1]["error"]["message"] == ("the database refused it: this recipient is refused")
+    assert results[2]["error"]["code"] == "idempotency_key_reused"
+    assert [r[3] for r in rows(engine)] == ["ann@example.com", "carol@example.com"]
+    replay = call(api, make_key("billing"), "POST", "/v1/notifications", json=MAIL,
+                  headers={"Idempotency-Key": "a"})  # fmt: skip
+    assert replay.json() == {"id": results[0]["id"], "idempotency_key": "a", "replayed": True}

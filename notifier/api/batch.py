@@ -1,0 +1,193 @@
+"""Writing requests' notifications: one, or a batch, in a handful of statements whatever its size.
+
+Each item is checked in Python first (its JSON, the key's scope, the worker's own checks:
+``notifier.client.checked_row``), and refused on its own. Then, in the caller's transaction:
+
+1. the items' idempotency keys are held (advisory locks, tried, never waited for: a key that
+   another request holds answers its item 409 ``in_progress``), in one statement;
+2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
+   key was used with the same request is a replay, with another request refused;
+3. the rest are inserted in one statement (``producers.enqueue_rows``); a key that a SQL
+   producer wrote as a ``dedupe_key`` itself is refused ``key_in_use``;
+4. the new keys' requests are recorded in one statement.
+
+Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
+a savepoint and the items are written one by one, each in a savepoint of its own, so that only
+the bad item is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from notifier import client
+from notifier.api import bodies
+from notifier.api.bodies import ApiError
+from notifier.db import api as api_db
+from notifier.db import producers
+from notifier.db.api import KeyRow
+
+IN_PROGRESS = ApiError(
+    409,
+    "in_progress",
+    "a request with this idempotency key is under way: try again in a moment",
+    "Idempotency-Key",
+    retry_after=1,
+)
+REUSED = ApiError(
+    422,
+    "idempotency_key_reused",
+    "this idempotency key was used for another request: give each new notification a key of"
+    " its own",
+    "Idempotency-Key",
+)
+IN_USE = ApiError(
+    409,
+    "key_in_use",
+    "a notification with this key was written without the API: use another key",
+    "Idempotency-Key",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A row written (or found again, ``replayed``) for one item."""
+
+    id: int
+    idempotency_key: str | None
+    replayed: bool
+
+    def document(self) -> dict[str, Any]:
+        return {"id": self.id, "idempotency_key": self.idempotency_key, "replayed": self.replayed}
+
+
+#: What became of one item.
+Outcome = Created | ApiError
+
+
+@dataclass(slots=True)
+class Item:
+    """One notification of a request: its fields, as checked (``args``), and its key."""
+
+    args: dict[str, Any]
+    fields: Any
+    idempotency_key: str | None
+    dedupe_key: str | None
+    digest: bytes
+    values: dict[str, Any] | None = None
+
+
+def item(
+    key: KeyRow, fields: Any, idempotency_key: str | None, check: Callable[[Any], Any]
+) -> Item:
+    """An item checked for ``key`` (``check`` raises ``ApiError``)."""
+    dedupe = None if idempotency_key is None else f"{key.name}:{idempotency_key}"
+    return Item(check(fields), fields, idempotency_key, dedupe, bodies.request_hash(fields))
+
+
+def write(conn: Connection, key: KeyRow, items: Sequence[Item | ApiError]) -> list[Outcome]:
+    """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal)."""
+    outcomes: list[Outcome | None] = [i if isinstance(i, ApiError) else None for i in items]
+    keyed = sorted({i.dedupe_key for i in items if isinstance(i, Item) and i.dedupe_key})
+    held = api_db.hold_keys(conn, keyed) if keyed else set()
+    firsts = api_db.first_requests(conn, sorted(held)) if held else {}
+    earlier: dict[str, int] = {}  # a key's first item in this request
+    fresh: list[int] = []
+    for index, one in enumerate(items):
+        if not isinstance(one, Item):
+            continue
+        dedupe = one.dedupe_key
+        if dedupe is not None:
+            if dedupe not in held:
+                outcomes[index] = IN_PROGRESS
+                continue
+            if dedupe in firsts:
+                _, digest, row_id = firsts[dedupe]
+                same = digest == one.digest
+                outcomes[index] = Created(row_id, one.idempotency_key, True) if same else REUSED
+                continue
+            if dedupe in earlier:
+                continue  # decided once the first is written
+            earlier[dedupe] = index
+        try:
+            one.values = client.checked_row(conn, key=dedupe, **one.args)
+        except ValueError as exc:
+            outcomes[index] = ApiError(422, "invalid_notification", str(exc))
+            continue
+        fresh.append(index)
+    _insert(conn, key, items, fresh, outcomes)
+    for index, one in enumerate(items):  # an item repeating an earlier item's key
+        if isinstance(one, Item) and outcomes[index] is None:
+            outcomes[index] = _repeat(items[earlier[one.dedupe_key or ""]], one, outcomes, earlier)
+    return [o if o is not None else IN_PROGRESS for o in outcomes]
+
+
+def _repeat(
+    first: Item | ApiError, one: Item, outcomes: list[Outcome | None], earlier: dict[str, int]
+) -> Outcome:
+    """What an item gets that repeats the key of an earlier item of its request: a replay of
+    that one's row for the same notification, a refusal for another, or that one's refusal."""
+    made = outcomes[earlier[one.dedupe_key or ""]]
+    if not isinstance(made, Created):
+        return made if made is not None else IN_PROGRESS
+    if isinstance(first, Item) and first.digest == one.digest:
+        return Created(made.id, one.idempotency_key, True)
+    return REUSED
+
+
+def _insert(
+    conn: Connection,
+    key: KeyRow,
+    items: Sequence[Item | ApiError],
+    fresh: list[int],
+    outcomes: list[Outcome | None],
+) -> None:
+    if not fresh:
+        return
+    chosen = [items[i] for i in fresh]
+    rows = [one.values for one in chosen if isinstance(one, Item) and one.values is not None]
+    try:
+        with conn.begin_nested():
+            written = producers.enqueue_rows(conn, rows)
+    except DBAPIError:
+        for index in fresh:
+            outcomes[index] = _alone(conn, key, items[index])
+        return
+    by_key = {dedupe: row_id for row_id, dedupe in written if dedupe is not None}
+    keyless = iter(row_id for row_id, dedupe in written if dedupe is None)
+    recorded = []
+    for index, one in zip(fresh, chosen, strict=True):
+        assert isinstance(one, Item)
+        if one.dedupe_key is None:
+            outcomes[index] = Created(next(keyless), None, False)
+        elif one.dedupe_key in by_key:
+            row_id = by_key[one.dedupe_key]
+            outcomes[index] = Created(row_id, one.idempotency_key, False)
+            recorded.append((one.dedupe_key, key.id, one.digest, row_id))
+        else:
+            outcomes[index] = IN_USE
+    if recorded:
+        api_db.record_requests(conn, recorded)
+
+
+def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
+    """One item written in a savepoint of its own: its row, or why the database refused it."""
+    if not isinstance(one, Item) or one.values is None:
+        return one if isinstance(one, ApiError) else IN_PROGRESS
+    try:
+        with conn.begin_nested():
+            written = producers.enqueue_rows(conn, [one.values])
+            if not written:
+                return IN_USE
+            row_id = written[0][0]
+            if one.dedupe_key is not None:
+                api_db.record_requests(conn, [(one.dedupe_key, key.id, one.digest, row_id)])
+    except DBAPIError as exc:
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        return ApiError(422, "invalid_notification", f"the database refused it: {reason}")
+    return Created(row_id, one.idempotency_key, False)
