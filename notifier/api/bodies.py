@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -73,16 +74,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
 def _nesting(text: str) -> int:
     """An upper bound of the document's nesting, counted without parsing it (brackets inside
     strings count too, so it never says less than the truth)."""
     deepest = depth = 0
-    for char in text:
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
+    for bracket in _BRACKETS.findall(text):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
     return deepest
 
 

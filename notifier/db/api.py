@@ -9,6 +9,7 @@ are written by ``notifier.db.producers`` after ``name_producer`` names the trans
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -93,15 +94,19 @@ def name_producer(conn: Connection, producer: str) -> None:
     conn.execute(text("SELECT set_config('notifier.producer', :name, true)"), {"name": producer})
 
 
+# Lists travel as one JSON text each: psycopg builds a text[] of a thousand keys in Python, a
+# JSON array is one C call.
+
+
 def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
     """Hold each of ``dedupe_keys`` for this transaction (advisory locks, tried in the order
     given, never waited for); those it holds now, not those another request holds."""
     found = conn.execute(
         text(
-            "SELECT k FROM unnest(CAST(:keys AS text[])) WITH ORDINALITY AS u(k, n)"
-            " WHERE pg_try_advisory_xact_lock(hashtextextended(k, 26)) ORDER BY n"
+            "SELECT k FROM jsonb_array_elements_text(CAST(:keys AS jsonb)) WITH ORDINALITY"
+            " AS u(k, n) WHERE pg_try_advisory_xact_lock(hashtextextended(k, 26)) ORDER BY n"
         ),
-        {"keys": list(dedupe_keys)},
+        {"keys": json.dumps(list(dedupe_keys), ensure_ascii=False)},
     )
     return {str(k) for (k,) in found}
 
@@ -113,27 +118,23 @@ def first_requests(
     found = conn.execute(
         text(
             "SELECT dedupe_key, key_id, body_hash, notification_id FROM api_requests"
-            " WHERE dedupe_key = ANY(CAST(:keys AS text[]))"
+            " WHERE dedupe_key IN (SELECT jsonb_array_elements_text(CAST(:keys AS jsonb)))"
         ),
-        {"keys": list(dedupe_keys)},
+        {"keys": json.dumps(list(dedupe_keys), ensure_ascii=False)},
     )
     return {str(k): (int(i), bytes(h), int(n)) for k, i, h, n in found}
 
 
 def record_requests(conn: Connection, requests: Sequence[tuple[str, int, bytes, int]]) -> None:
     """Keep (dedupe key, key id, request hash, notification id) for each new key."""
+    listed = [[key, key_id, digest.hex(), row_id] for key, key_id, digest, row_id in requests]
     conn.execute(
         text(
             "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
-            " SELECT * FROM unnest(CAST(:keys AS text[]), CAST(:key_ids AS bigint[]),"
-            "                      CAST(:hashes AS bytea[]), CAST(:ids AS bigint[]))"
+            " SELECT r->>0, (r->>1)::bigint, decode(r->>2, 'hex'), (r->>3)::bigint"
+            "   FROM jsonb_array_elements(CAST(:requests AS jsonb)) AS r"
         ),
-        {
-            "keys": [r[0] for r in requests],
-            "key_ids": [r[1] for r in requests],
-            "hashes": [r[2] for r in requests],
-            "ids": [r[3] for r in requests],
-        },
+        {"requests": json.dumps(listed, ensure_ascii=False)},
     )
 
 

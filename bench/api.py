@@ -1,0 +1,314 @@
+"""The HTTP API under load: single requests, batches against COPY, and the drain beside it.
+
+What it measures
+    ``notifier api --workers 2`` (default settings) on loopback, each measurement in a scratch
+    database of its own:
+
+    a. **Single requests**: ``--requests`` (default 20,000) ``POST /v1/notifications``, each
+       with an Idempotency-Key (as the SDK sends them), from 50 concurrent clients (asyncio and
+       httpx, in this process): requests a second, and the latency's p50 and p99.
+    b. **Batches**: ``--batches`` (default 20) ``POST /v1/notifications/batch`` of 1,000 items
+       each (each item with its idempotency key), one after the other: rows a second, against
+       COPY of the same rows into ``notifications`` (psycopg, 1,000 rows a transaction) in
+       the same run.
+    c. **The drain beside it**: a worker (2 processes) drains ``--rows`` null rows, once alone
+       and once while 50 clients keep writing single requests (rows due a day later, so the
+       drain's own rows are what it drains): the second drain's rate over the first.
+
+    The load comes from this process, on the same machine as the API, PostgreSQL and Redis:
+    every figure is what the machine as a whole can do, the client's CPU included.
+
+Targets
+    Batches at least 0.3 of COPY in rows a second; the drain under load at least 0.9 of the
+    drain alone (the issue sets no figure for single requests: they are reported). The exit
+    status is 0 whether the targets are met or not; 1 if the set-up fails.
+
+How to run it
+    From the repository root, with PostgreSQL and Redis on localhost::
+
+        python bench/api.py [--requests N] [--batches N] [--rows N] [--keep]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))  # notifier and bench
+
+import httpx
+import psycopg
+
+from bench import harness
+from bench.common import REPO, Conn, Services, SetupError, service_env, wait_until
+from bench.drains import insert_due, workers
+from bench.harness import Bench, Line, fmt_int
+from notifier.api import keys
+from notifier.db import api as api_db
+from notifier.db import make_engine
+
+API_PROCESSES = 2
+CLIENTS = 50
+BATCH = 1_000
+COPY_TARGET = 0.3
+DRAIN_TARGET = 0.9
+NAMES = ("rows", "keep")
+
+
+def _options(argv: list[str] | None) -> None:
+    """--requests and --batches, this script's own (harness.OPTIONS has the rest)."""
+    harness.OPTIONS.setdefault(
+        "requests",
+        (("--requests",), {"type": harness.positive, "default": 20_000, "help": "single requests"}),
+    )
+    harness.OPTIONS.setdefault(
+        "batches",
+        (("--batches",), {"type": harness.positive, "default": 20, "help": "batches of 1,000"}),
+    )
+
+
+def _key(url: str) -> str:
+    made = keys.make("bench", per_second=1_000_000)  # the load measures the API, not its limit
+    engine = make_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            api_db.create_key(conn, made.row)
+    finally:
+        engine.dispose()
+    return made.key
+
+
+@contextmanager
+def api_server(bench: Bench, url: str, tag: str) -> Iterator[str]:
+    """``notifier api --workers 2`` on database ``url``, ready; its base URL."""
+    port = _free_port()
+    workdir = bench.workdir / f"api-{tag}"
+    workdir.mkdir()
+    env = service_env(url, bench.redis, workdir, {})
+    log = (workdir / "api.log").open("wb")
+    argv = [
+        str(Path(sys.executable).with_name("notifier")),
+        "api",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--workers={API_PROCESSES}",
+    ]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ready(base, proc), 60, "notifier api")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _ready(base: str, proc: subprocess.Popen[bytes]) -> bool:
+    if proc.poll() is not None:
+        raise SetupError(f"notifier api exited with status {proc.returncode}")
+    try:
+        return httpx.get(base + "/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _one(i: int, due_in: float | None = None) -> dict[str, object]:
+    doc: dict[str, object] = {"channel": "null", "to": f"u{i}@example.com", "body": "hello"}
+    if due_in is not None:
+        doc["delay_seconds"] = due_in
+    return doc
+
+
+async def _clients(
+    base: str, key: str, requests: int | None, stop: threading.Event | None, due_in: float | None
+) -> tuple[list[float], float, int]:
+    """50 clients sending single requests until ``requests`` are sent (or ``stop`` is set):
+    each request's seconds, the wall time, and the answers that were not 201."""
+    latencies: list[float] = []
+    failed = 0
+    sent = 0
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
+
+    async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=30) as c:
+
+        async def client() -> None:
+            nonlocal sent, failed
+            while (requests is None or sent < requests) and not (stop and stop.is_set()):
+                sent += 1
+                started = time.perf_counter()
+                answer = await c.post(
+                    "/v1/notifications",
+                    json=_one(sent, due_in),
+                    headers={"Idempotency-Key": str(uuid.uuid4())},
+                )
+                latencies.append(time.perf_counter() - started)
+                failed += answer.status_code != 201
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+        return latencies, time.perf_counter() - started, failed
+
+
+def single(bench: Bench) -> None:
+    n = bench.args.requests
+    print(f"\na. single requests: {n:,} from {CLIENTS} clients")
+    name, url = bench.database("api_single")
+    key = _key(url)
+    with api_server(bench, url, "single") as base:
+        asyncio.run(_clients(base, key, 500, None, None))  # warm-up: connections, pools
+        latencies, wall, failed = asyncio.run(_clients(base, key, n, None, None))
+    bench.done_with(name)
+    latencies.sort()
+    p50 = statistics.median(latencies) * 1000
+    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
+    rate = len(latencies) / wall
+    print(f"  {len(latencies):,} requests in {wall:.1f}s, {failed} not 201")
+    bench.lines.append(
+        Line("a single requests", f"{fmt_int(rate)}/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    )
+
+
+def bulk(bench: Bench) -> None:
+    batches = bench.args.batches
+    print(f"\nb. batches: {batches} of {BATCH:,}, against COPY")
+    name, url = bench.database("api_bulk")
+    key = _key(url)
+    failed = 0
+    with api_server(bench, url, "bulk") as base, httpx.Client(base_url=base, timeout=120) as c:
+        started = time.perf_counter()
+        for b in range(batches):
+            items = [{**_one(b * BATCH + i), "idempotency_key": f"{b}:{i}"} for i in range(BATCH)]
+            answer = c.post(
+                "/v1/notifications/batch",
+                json={"notifications": items},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            results = answer.json()["results"]
+            failed += sum(1 for r in results if r["status"] != "created")
+        api_wall = time.perf_counter() - started
+    with psycopg.connect(url, autocommit=False) as conn:
+        started = time.perf_counter()
+        for b in range(batches):
+            with (
+                conn.cursor() as cur,
+                cur.copy(
+                    "COPY notifications (channel, recipient, body, dedupe_key) FROM STDIN"
+                ) as copy,
+            ):
+                for i in range(BATCH):
+                    copy.write_row(("null", f"c{b * BATCH + i}@example.com", "hello", f"c:{b}:{i}"))
+            conn.commit()
+        copy_wall = time.perf_counter() - started
+    bench.done_with(name)
+    rows = batches * BATCH
+    api_rate, copy_rate = rows / api_wall, rows / copy_wall
+    share = api_rate / copy_rate
+    print(
+        f"  API {rows:,} rows in {api_wall:.1f}s ({failed} not created); COPY in {copy_wall:.1f}s"
+    )
+    bench.lines.append(Line("b COPY, 1,000 rows a transaction", f"{fmt_int(copy_rate)} rows/s"))
+    bench.lines.append(
+        Line(
+            "b batches of 1,000",
+            f"{fmt_int(api_rate)} rows/s = {share:.2f} of COPY",
+            f">= {COPY_TARGET}",
+            "PASS" if share >= COPY_TARGET else "FAIL",
+        )
+    )
+
+
+def beside(bench: Bench) -> None:
+    rows = bench.args.rows
+    print(f"\nc. the drain of {rows:,} null rows, alone and beside {CLIENTS} API clients")
+    name, url = bench.database("api_drain")
+    key = _key(url)
+    with workers(bench, "api-drain", name, url, {}) as (services, conn):
+        alone = _drain(conn, services, rows, "alone")
+        with api_server(bench, url, "drain") as base:
+            stop = threading.Event()
+            load = threading.Thread(
+                target=lambda: asyncio.run(_clients(base, key, None, stop, 86_400.0))
+            )
+            load.start()
+            time.sleep(2)  # the load is on before the rows are
+            try:
+                loaded = _drain(conn, services, rows, "beside")
+            finally:
+                stop.set()
+                load.join(60)
+    bench.done_with(name)
+    share = loaded / alone
+    print(f"  alone {fmt_int(alone)} rows/s; beside the API {fmt_int(loaded)} rows/s")
+    bench.lines.append(
+        Line(
+            "c drain beside the API",
+            f"{fmt_int(loaded)} rows/s = {share:.2f} of alone ({fmt_int(alone)})",
+            f">= {DRAIN_TARGET}",
+            "PASS" if share >= DRAIN_TARGET else "FAIL",
+        )
+    )
+
+
+def _drain(conn: Conn, services: Services, rows: int, tag: str) -> float:
+    """Rows a second of a drain of ``rows`` due null rows (recipients ``<tag>N@example.com``),
+    from their commit to the last one sent; the API's rows beside them are not due."""
+    _, committed = insert_due(conn, rows, "null", f"{tag}{{n}}@example.com")
+    pattern = f"{tag}%"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        services.check_alive()
+        left = conn.execute(
+            "SELECT count(*) FROM notifications WHERE recipient LIKE %s"
+            " AND status IN ('pending', 'processing')",
+            (pattern,),
+        ).fetchone()
+        if left is not None and left[0] == 0:
+            break
+    else:
+        raise SetupError(f"the {tag} drain did not finish in 600 s")
+    found = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(sent_at)) FROM notifications"
+        " WHERE recipient LIKE %s AND status = 'sent'",
+        (pattern,),
+    ).fetchone()
+    assert found is not None
+    sent, last = int(found[0]), float(found[1])
+    return sent / (last - committed)
+
+
+TARGETS = [single, bulk, beside]
+
+
+def main(argv: list[str] | None = None) -> int:
+    _options(argv)
+    return harness.main(
+        __doc__, "api", harness.REDIS, [*NAMES, "requests", "batches"], TARGETS, argv
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
