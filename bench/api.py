@@ -46,6 +46,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))  # notifier and bench
 
+import aiohttp
 import httpx
 import psycopg
 
@@ -145,27 +146,31 @@ async def _clients(
     base: str, key: str, requests: int | None, stop: threading.Event | None, due_in: float | None
 ) -> tuple[list[float], float, int]:
     """50 clients sending single requests until ``requests`` are sent (or ``stop`` is set):
-    each request's seconds, the wall time, and the answers that were not 201."""
+    each request's seconds, the wall time, and the answers that were not 201. On aiohttp: an
+    httpx client spent 4.7 ms of this machine's CPU a request, more than the API it measured."""
     latencies: list[float] = []
     failed = 0
     sent = 0
     headers = {"Authorization": f"Bearer {key}"}
-    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-
-    async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=30) as c:
+    connector = aiohttp.TCPConnector(limit=CLIENTS)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(
+        base, headers=headers, connector=connector, timeout=timeout
+    ) as session:
 
         async def client() -> None:
             nonlocal sent, failed
             while (requests is None or sent < requests) and not (stop and stop.is_set()):
                 sent += 1
                 started = time.perf_counter()
-                answer = await c.post(
+                async with session.post(
                     "/v1/notifications",
                     json=_one(sent, due_in),
                     headers={"Idempotency-Key": str(uuid.uuid4())},
-                )
+                ) as answer:
+                    await answer.read()
+                    failed += answer.status != 201
                 latencies.append(time.perf_counter() - started)
-                failed += answer.status_code != 201
 
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(CLIENTS)))

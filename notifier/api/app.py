@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,7 +44,21 @@ from notifier.settings import Settings
 
 log = logging.getLogger("notifier.api")
 
-Handler = Callable[[Request, KeyRow], Awaitable[Response]]
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a request asks, read on the event loop; served in one trip to a thread."""
+
+    method: str
+    row_id: int | None
+    query: dict[str, str]
+    idempotency_key: str | None
+    content_type: str
+    body: bytes | None
+
+
+#: An operation: the key's request answered, in a worker thread.
+Action = Callable[[KeyRow, Asked], Response]
 
 
 def create_app(
@@ -54,11 +69,10 @@ def create_app(
 ) -> Starlette:
     service = Service(settings, engine, counter, clock)
     document = openapi.document()
+    limit = settings.api_max_body_bytes
 
-    async def body_json(request: Request) -> Any:
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-        limit = settings.api_max_body_bytes
+    async def body_of(request: Request) -> bytes:
+        """The body, refused (413) past the limit before more of it is read."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise ApiError(413, "too_large", f"the body is over {limit} bytes")
@@ -68,58 +82,70 @@ def create_app(
             if size > limit:
                 raise ApiError(413, "too_large", f"the body is over {limit} bytes")
             chunks.append(chunk)
-        return await run_in_threadpool(bodies.read_json, b"".join(chunks))
+        return b"".join(chunks)
 
-    def keyed(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def keyed(action: Action) -> Callable[[Request], Awaitable[Response]]:
+        """The route's endpoint: the key checked, counted and served in one thread hop (each
+        hop waits for the GIL, which many threads under load share)."""
+
         async def endpoint(request: Request) -> Response:
+            asked = Asked(
+                method=request.method,
+                row_id=_row_id(request),
+                query=dict(request.query_params),
+                idempotency_key=request.headers.get("idempotency-key"),
+                content_type=request.headers.get("content-type", ""),
+                body=await body_of(request) if request.method == "POST" else None,
+            )
             header = request.headers.get("authorization")
-            key = await run_in_threadpool(service.authenticate, header)
-            request.state.key_prefix = key.prefix
-            await run_in_threadpool(service.admit, key)
-            return await handler(request, key)
+            state = request.state
+
+            def serve() -> Response:
+                key = service.authenticate(header)
+                state.key_prefix = key.prefix
+                service.admit(key)
+                return action(key, asked)
+
+            return await run_in_threadpool(serve)
 
         return endpoint
 
-    async def create(request: Request, key: KeyRow) -> Response:
-        idem = bodies.idempotency_key(request.headers.get("idempotency-key"))
-        doc = await body_json(request)
-        made = await run_in_threadpool(service.create, key, doc, idem)
+    def create(key: KeyRow, asked: Asked) -> Response:
+        idem = bodies.idempotency_key(asked.idempotency_key)
+        made = service.create(key, _json(asked), idem)
         headers = {"Idempotent-Replayed": "true"} if made.replayed else {}
         return JSONResponse(made.document(), status_code=201, headers=headers)
 
-    async def create_many(request: Request, key: KeyRow) -> Response:
-        doc = await body_json(request)
-        results = await run_in_threadpool(service.create_many, key, doc)
-        return JSONResponse({"results": results})
+    def create_many(key: KeyRow, asked: Asked) -> Response:
+        return JSONResponse({"results": service.create_many(key, _json(asked))})
 
-    async def read(request: Request, key: KeyRow) -> Response:
-        row_id = _row_id(request)
-        if row_id is not None:
-            return JSONResponse(await run_in_threadpool(lambda: service.read(key, row_id=row_id)))
-        given = dict(request.query_params)
-        if set(given) != {"idempotency_key"}:
+    def read(key: KeyRow, asked: Asked) -> Response:
+        if asked.row_id is not None:
+            return JSONResponse(service.read(key, row_id=asked.row_id))
+        if set(asked.query) != {"idempotency_key"}:
             raise ApiError(
                 400,
                 "invalid_query",
                 "read one notification: /v1/notifications/{id} or ?idempotency_key=K",
                 "idempotency_key",
             )
-        idem = bodies.idempotency_key(given["idempotency_key"], "idempotency_key")
-        return JSONResponse(await run_in_threadpool(lambda: service.read(key, idem=idem)))
+        idem = bodies.idempotency_key(asked.query["idempotency_key"], "idempotency_key")
+        return JSONResponse(service.read(key, idem=idem))
 
-    async def cancel(request: Request, key: KeyRow) -> Response:
-        row_id = _row_id(request)
-        if row_id is not None:
-            done = await run_in_threadpool(lambda: service.cancel(key, row_id=row_id))
-            return JSONResponse(done)
-        doc = await body_json(request)
+    def cancel(key: KeyRow, asked: Asked) -> Response:
+        if asked.row_id is not None:
+            return JSONResponse(service.cancel(key, row_id=asked.row_id))
+        doc = _json(asked)
         given = doc.get("idempotency_key") if isinstance(doc, dict) else None
         if not isinstance(doc, dict) or set(doc) != {"idempotency_key"} or not given:
             raise ApiError(
                 422, "invalid_body", 'send {"idempotency_key": "..."}', "idempotency_key"
             )
         idem = bodies.idempotency_key(str(given), "idempotency_key")
-        return JSONResponse(await run_in_threadpool(lambda: service.cancel(key, idem=idem)))
+        return JSONResponse(service.cancel(key, idem=idem))
+
+    def notifications(key: KeyRow, asked: Asked) -> Response:
+        return (create if asked.method == "POST" else read)(key, asked)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -130,9 +156,6 @@ def create_app(
 
     async def served_document(request: Request) -> Response:
         return JSONResponse(document)
-
-    async def notifications(request: Request, key: KeyRow) -> Response:
-        return await (create if request.method == "POST" else read)(request, key)
 
     routes = [
         # one route per path, so that a 405 lists every method the path has in its Allow
@@ -156,6 +179,13 @@ async def _no_route(request: Request, exc: Exception) -> Response:
     refused = ApiError(status, code, f"no such route: see /openapi.json ({status})")
     headers = exc.headers if isinstance(exc, HTTPException) else None  # 405's Allow
     return JSONResponse(refused.document(), status_code=status, headers=headers)
+
+
+def _json(asked: Asked) -> Any:
+    """The request's body as JSON (``bodies.read_json``), if it says it is JSON."""
+    if asked.content_type.split(";")[0].strip() != "application/json":
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    return bodies.read_json(asked.body or b"")
 
 
 def _row_id(request: Request) -> int | None:

@@ -67,7 +67,8 @@ def application() -> object:
     settings = get_settings()
     logs.configure(settings)
     counter = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    return create_app(settings, db.engine(), counter)
+    engine = db.make_engine(settings.database_url, pool_size=settings.api_pool_size, overflow=0)
+    return create_app(settings, engine, counter)
 
 
 @click.group(

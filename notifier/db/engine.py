@@ -44,16 +44,19 @@ def without_ping() -> None:
 CONNECT_TIMEOUT = 10
 
 
-def make_engine(url: str, *, ping: bool = True) -> Engine:
+def make_engine(
+    url: str, *, ping: bool = True, pool_size: int = POOL_SIZE, overflow: int = POOL_OVERFLOW
+) -> Engine:
     """An engine whose connections read any timestamp a producer can write; with ``ping``,
-    each connection is pinged before it is handed out, and replaced if it is dead."""
+    each connection is pinged before it is handed out, and replaced if it is dead. It holds
+    at most ``pool_size`` + ``overflow`` connections."""
     connect_args: dict[str, Any] = {"application_name": "notifier"}
     if "connect_timeout" not in make_url(url).query:  # connect_args would override the URL's
         connect_args["connect_timeout"] = CONNECT_TIMEOUT
     eng = create_engine(
         url,
-        pool_size=POOL_SIZE,
-        max_overflow=POOL_OVERFLOW,
+        pool_size=pool_size,
+        max_overflow=overflow,
         pool_pre_ping=ping,  # a connection killed by a database restart is replaced, not used
         pool_recycle=1800,
         connect_args=connect_args,

@@ -124,6 +124,10 @@ class SurfaceSettings(BaseSettings):
     """Requests a second one API key may make, shared by every API process (counted in
     Redis); a key's own ``--per-second`` wins. Past it: 429 with ``Retry-After``."""
 
+    api_pool_size: int = Field(10, gt=0, le=200)
+    """Database connections each ``notifier api`` process holds (one per request under way;
+    the rest wait): count them in the connection budget, times ``--workers``."""
+
     api_max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     """The largest request body ``notifier api`` reads; a larger one is refused with 413."""
 
