@@ -4,6 +4,7 @@ HTTP client: keys, idempotency, batches, reads and cancels limited to a key's ow
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -410,3 +411,18 @@ def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
     replay = call(api, make_key("billing"), "POST", "/v1/notifications", json=MAIL,
                   headers={"Idempotency-Key": "a"})  # fmt: skip
     assert replay.json() == {"id": results[0]["id"], "idempotency_key": "a", "replayed": True}
+
+
+def test_the_documented_curl_example_works_as_written(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    [example] = re.findall(r"```sh\ncurl -X POST (\S+) .*?-d '([^']+)'\n```", readme, re.S)
+    url, body = example
+    path = url.removeprefix("https://notify.example.com")
+    headers = dict(re.findall(r'-H "([^:]+): ([^"]+)"', readme.split("```sh\ncurl")[1]))
+    key = make_key()
+    headers = {name: value.replace("$NOTIFIER_API_KEY", key) for name, value in headers.items()}
+    answer = httpx.post(api + path, content=body, headers=headers, timeout=10)
+    assert answer.status_code == 201, answer.text
+    assert [(r[2], r[4]) for r in rows(engine)] == [("billing:welcome:user:42", "pending")]
