@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from notifier.api import bodies, openapi
 from notifier.api.bodies import ApiError
+from notifier.api.people import People
 from notifier.api.service import Service
 from notifier.db.api import KeyRow
 from notifier.settings import Settings
@@ -51,6 +52,8 @@ class Asked:
 
     method: str
     row_id: int | None
+    #: a profile's id or a campaign's name, as the path gives it
+    name: str | None
     query: dict[str, str]
     idempotency_key: str | None
     content_type: str
@@ -68,6 +71,7 @@ def create_app(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Starlette:
     service = Service(settings, engine, counter, clock)
+    people = People(engine)
     document = openapi.document()
     limit = settings.api_max_body_bytes
 
@@ -92,10 +96,11 @@ def create_app(
             asked = Asked(
                 method=request.method,
                 row_id=_row_id(request),
+                name=request.path_params.get("name"),
                 query=dict(request.query_params),
                 idempotency_key=request.headers.get("idempotency-key"),
                 content_type=request.headers.get("content-type", ""),
-                body=await body_of(request) if request.method == "POST" else None,
+                body=await body_of(request) if request.method in ("POST", "PUT") else None,
             )
             header = request.headers.get("authorization")
             state = request.state
@@ -147,6 +152,17 @@ def create_app(
     def notifications(key: KeyRow, asked: Asked) -> Response:
         return (create if asked.method == "POST" else read)(key, asked)
 
+    def profile(key: KeyRow, asked: Asked) -> Response:
+        if asked.method == "PUT":
+            return JSONResponse(people.upsert(key, asked.name or "", _json(asked)))
+        return JSONResponse(people.read(asked.name or ""))
+
+    def preferences(key: KeyRow, asked: Asked) -> Response:
+        return JSONResponse(people.prefer(key, asked.name or "", _json(asked)))
+
+    def campaign(key: KeyRow, asked: Asked) -> Response:
+        return JSONResponse(people.campaign(asked.name or ""))
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -164,6 +180,9 @@ def create_app(
         Route("/v1/notifications/cancel", keyed(cancel), methods=["POST"]),
         Route("/v1/notifications/{id:int}", keyed(read), methods=["GET"]),
         Route("/v1/notifications/{id:int}/cancel", keyed(cancel), methods=["POST"]),
+        Route("/v1/profiles/{name}", keyed(profile), methods=["GET", "PUT"]),
+        Route("/v1/profiles/{name}/preferences", keyed(preferences), methods=["PUT"]),
+        Route("/v1/campaigns/{name}", keyed(campaign), methods=["GET"]),
         Route("/openapi.json", served_document, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),

@@ -6,15 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from notifier.api.bodies import MAX_IDEMPOTENCY_KEY
+from notifier.api.schemas import SCHEMAS
+from notifier.api.schemas import ref as _ref
 
 VERSION = "1.0.0"
-
-_TEXT = {"type": ["string", "null"]}
-_TIME = {"type": ["string", "null"], "format": "date-time"}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -57,147 +52,8 @@ _ID = {
     "schema": {"type": "integer", "minimum": 1, "maximum": 999_999_999_999_999_999},
 }
 
-SCHEMAS: dict[str, Any] = {
-    "NewNotification": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["channel"],
-        "description": "A row of the producer contract (README). Give `to`, or `profile`.",
-        "properties": {
-            "channel": {"type": "string", "examples": ["email"]},
-            "to": {**_TEXT, "description": "the address, URL, phone number or token"},
-            "profile": {**_TEXT, "description": "your id for the person (docs/people.md)"},
-            "subject": _TEXT,
-            "body": _TEXT,
-            "payload": {"type": ["object", "null"]},
-            "template": _TEXT,
-            "locale": _TEXT,
-            "category": _TEXT,
-            "guard": _TEXT,
-            "send_at": _TIME,
-            "delay_seconds": {"type": ["number", "null"], "minimum": 0},
-            "expires_at": _TIME,
-            "max_attempts": {"type": ["integer", "null"], "minimum": 1, "maximum": 100},
-            "priority": {"type": ["integer", "null"], "minimum": -1000, "maximum": 1000},
-        },
-    },
-    "BatchItem": {
-        "allOf": [_ref("NewNotification")],
-        "properties": {
-            "idempotency_key": {"type": ["string", "null"], "maxLength": MAX_IDEMPOTENCY_KEY}
-        },
-    },
-    "Batch": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["notifications"],
-        "properties": {
-            "notifications": {
-                "type": "array",
-                "minItems": 1,
-                "description": "Each item a BatchItem, checked on its own: one that is not (or"
-                " that notifier could not send) is refused in its result, the others written.",
-                "items": {},
-            }
-        },
-    },
-    "Created": {
-        "type": "object",
-        "required": ["id", "idempotency_key", "replayed"],
-        "properties": {
-            "id": {"type": "integer"},
-            "idempotency_key": _TEXT,
-            "replayed": {"type": "boolean"},
-        },
-    },
-    "BatchResults": {
-        "type": "object",
-        "required": ["results"],
-        "properties": {
-            "results": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "status"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "status": {"enum": ["created", "replayed", "refused"]},
-                        "id": {"type": "integer"},
-                        "idempotency_key": _TEXT,
-                        "replayed": {"type": "boolean"},
-                        "error": _ref("ErrorDetail"),
-                    },
-                },
-            }
-        },
-    },
-    "Notification": {
-        "type": "object",
-        "required": ["id", "channel", "status", "attempts", "history"],
-        "properties": {
-            "id": {"type": "integer"},
-            "channel": {"type": "string"},
-            "profile": _TEXT,
-            "category": _TEXT,
-            "status": {"enum": ["pending", "processing", "sent", "dead", "cancelled"]},
-            "attempts": {"type": "integer"},
-            "max_attempts": {"type": "integer"},
-            "idempotency_key": _TEXT,
-            "next_attempt_at": _TIME,
-            "created_at": _TIME,
-            "updated_at": _TIME,
-            "sent_at": _TIME,
-            "last_error": _TEXT,
-            "provider": _TEXT,
-            "delivery_status": _TEXT,
-            "delivery_at": _TIME,
-            "campaign_id": {"type": ["integer", "null"]},
-            "parent_id": {"type": ["integer", "null"]},
-            "history": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "attempt": {"type": "integer"},
-                        "at": _TIME,
-                        "outcome": {"type": "string"},
-                        "error": _TEXT,
-                        "provider": _TEXT,
-                        "duration_ms": {"type": ["integer", "null"]},
-                    },
-                },
-            },
-        },
-    },
-    "Cancelled": {
-        "type": "object",
-        "required": ["id", "status"],
-        "properties": {"id": {"type": "integer"}, "status": {"const": "cancelled"}},
-    },
-    "CancelByKey": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["idempotency_key"],
-        "properties": {
-            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY}
-        },
-    },
-    "ErrorDetail": {
-        "type": "object",
-        "required": ["code", "message", "field"],
-        "properties": {
-            "code": {"type": "string", "examples": ["invalid_field"]},
-            "message": {"type": "string"},
-            "field": _TEXT,
-        },
-    },
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": _ref("ErrorDetail")},
-    },
-    "Status": {"type": "object", "properties": {"status": {"type": "string"}}},
-}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
 
 _REPLAYED = {"Idempotent-Replayed": {"schema": {"const": "true"}}}
 
@@ -303,6 +159,66 @@ PATHS: dict[str, Any] = {
                 **_COMMON,
             },
         },
+    },
+    "/v1/profiles/{name}": {
+        "get": {
+            "operationId": "getProfile",
+            "summary": "Read a person's profile and preferences",
+            "parameters": [_NAME],
+            "responses": {
+                "200": _ok("the profile", "Profile"),
+                "404": _error("no such profile"),
+                **_COMMON,
+            },
+        },
+        "put": {
+            "operationId": "putProfile",
+            "summary": "Create a profile, or set what is given of it",
+            "parameters": [_NAME],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("ProfileUpdate")}},
+            },
+            "responses": {
+                "200": _ok("the profile as stored", "Profile"),
+                **_BODY_ERRORS,
+                "403": _error("a read-only key"),
+                "404": _error("not a profile id"),
+                "422": _error("not a profile notifier could store"),
+                **_COMMON,
+            },
+        },
+    },
+    "/v1/profiles/{name}/preferences": {
+        "put": {
+            "operationId": "putPreferences",
+            "summary": "Set a person's preferences (recorded with source producer)",
+            "parameters": [_NAME],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("Preferences")}},
+            },
+            "responses": {
+                "200": _ok("the profile with its preferences", "Profile"),
+                **_BODY_ERRORS,
+                "403": _error("a read-only key"),
+                "404": _error("no such profile"),
+                "422": _error("not a list of preferences"),
+                **_COMMON,
+            },
+        }
+    },
+    "/v1/campaigns/{name}": {
+        "get": {
+            "operationId": "getCampaign",
+            "summary": "A campaign's status and counts",
+            "parameters": [_NAME],
+            "responses": {
+                "200": _ok("the campaign", "Campaign"),
+                "404": _error("no such campaign"),
+                **_COMMON,
+            },
+        }
     },
     "/health": {
         "get": {
