@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
-from notifier.console import actions, exports, pages, people
+from notifier.console import actions, exports, keys, pages, people
 from notifier.console.app import Console, Guard, Refused, refused
 from notifier.console.auth import Sessions
 from notifier.console.gate import Gate
@@ -47,6 +47,7 @@ def create_app(
         *exports.routes(),
         *actions.routes(),
         *people.routes(),
+        *keys.routes(),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"),
     ]
     gate = gate or Gate.loopback(8090)
