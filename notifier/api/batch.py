@@ -13,7 +13,8 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
-the bad item is refused.
+the bad item is refused. A database that fails to run it (a lost connection, a statement past
+``NOTIFIER_API_STATEMENT_TIMEOUT_SECONDS``) refuses nothing: the request is answered 503.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from notifier import client
 from notifier.api import bodies
@@ -154,7 +155,9 @@ def _insert(
     try:
         with conn.begin_nested():
             written = producers.enqueue_rows(conn, rows)
-    except DBAPIError:
+    except DBAPIError as exc:
+        if _outage(exc):
+            raise
         for index in fresh:
             outcomes[index] = _alone(conn, key, items[index])
         return
@@ -188,6 +191,14 @@ def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
             if one.dedupe_key is not None:
                 api_db.record_requests(conn, [(one.dedupe_key, key.id, one.digest, row_id)])
     except DBAPIError as exc:
+        if _outage(exc):
+            raise
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
         return ApiError(422, "invalid_notification", f"the database refused it: {reason}")
     return Created(row_id, one.idempotency_key, False)
+
+
+def _outage(exc: DBAPIError) -> bool:
+    """An error of the database's running (a lost connection, a statement past its timeout),
+    not of what was written: the request is answered 503, nothing refused for it."""
+    return isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated

@@ -67,7 +67,12 @@ def application() -> object:
     settings = get_settings()
     logs.configure(settings)
     counter = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    engine = db.make_engine(settings.database_url, pool_size=settings.api_pool_size, overflow=0)
+    engine = db.make_engine(
+        settings.database_url,
+        pool_size=settings.api_pool_size,
+        overflow=0,
+        statement_timeout=settings.api_statement_timeout_seconds,
+    )
     return create_app(settings, engine, counter)
 
 

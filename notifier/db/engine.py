@@ -45,12 +45,20 @@ CONNECT_TIMEOUT = 10
 
 
 def make_engine(
-    url: str, *, ping: bool = True, pool_size: int = POOL_SIZE, overflow: int = POOL_OVERFLOW
+    url: str,
+    *,
+    ping: bool = True,
+    pool_size: int = POOL_SIZE,
+    overflow: int = POOL_OVERFLOW,
+    statement_timeout: float | None = None,
 ) -> Engine:
     """An engine whose connections read any timestamp a producer can write; with ``ping``,
     each connection is pinged before it is handed out, and replaced if it is dead. It holds
-    at most ``pool_size`` + ``overflow`` connections."""
+    at most ``pool_size`` + ``overflow`` connections; with ``statement_timeout`` (seconds)
+    PostgreSQL cancels any of its statements that runs longer."""
     connect_args: dict[str, Any] = {"application_name": "notifier"}
+    if statement_timeout is not None:
+        connect_args["options"] = f"-c statement_timeout={round(statement_timeout * 1000)}"
     if "connect_timeout" not in make_url(url).query:  # connect_args would override the URL's
         connect_args["connect_timeout"] = CONNECT_TIMEOUT
     eng = create_engine(

@@ -128,6 +128,10 @@ class SurfaceSettings(BaseSettings):
     """Database connections each ``notifier api`` process holds (one per request under way;
     the rest wait): count them in the connection budget, times ``--workers``."""
 
+    api_statement_timeout_seconds: float = Field(10.0, gt=0)
+    """How long one of the API's statements may run before PostgreSQL cancels it (the request
+    is then answered 503 with ``Retry-After``)."""
+
     api_max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     """The largest request body ``notifier api`` reads; a larger one is refused with 413."""
 

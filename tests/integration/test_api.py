@@ -426,3 +426,27 @@ def test_the_documented_curl_example_works_as_written(
     answer = httpx.post(api + path, content=body, headers=headers, timeout=10)
     assert answer.status_code == 201, answer.text
     assert [(r[2], r[4]) for r in rows(engine)] == [("billing:welcome:user:42", "pending")]
+
+
+def test_a_statement_past_its_timeout_is_a_503_and_writes_nothing(
+    engine: Engine, database_url: str, make_settings: MakeSettings, make_key: MakeKey
+) -> None:
+    from notifier.db import make_engine
+
+    with engine.begin() as conn:  # a fault for real: every insert takes 2 s
+        conn.execute(
+            text(
+                "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;"
+                " CREATE TRIGGER slow_insert BEFORE INSERT ON notifications"
+                " FOR EACH ROW EXECUTE FUNCTION slow_insert()"
+            )
+        )
+    hurried = make_engine(database_url, statement_timeout=0.5)
+    key = make_key()
+    with serving(create_app(make_settings(), hurried, None), free_port()) as url:
+        answer = call(url, key, "POST", "/v1/notifications", json=MAIL)
+    hurried.dispose()
+    assert (answer.status_code, answer.json()["error"]["code"]) == (503, "unavailable")
+    assert answer.headers["Retry-After"] == "5"
+    assert rows(engine) == []
