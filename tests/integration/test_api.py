@@ -21,6 +21,7 @@ from notifier.api import keys, openapi
 from notifier.api.app import create_app
 from notifier.db import api as api_db
 from tests.console_server import free_port, serving
+from tests.db_faults import slow_inserts
 from tests.factories import MakeSettings
 from tests.roles import Logins
 
@@ -433,15 +434,7 @@ def test_a_statement_past_its_timeout_is_a_503_and_writes_nothing(
 ) -> None:
     from notifier.db import make_engine
 
-    with engine.begin() as conn:  # a fault for real: every insert takes 2 s
-        conn.execute(
-            text(
-                "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
-                " BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;"
-                " CREATE TRIGGER slow_insert BEFORE INSERT ON notifications"
-                " FOR EACH ROW EXECUTE FUNCTION slow_insert()"
-            )
-        )
+    slow_inserts(engine, 2)  # a fault for real: every insert takes 2 s
     hurried = make_engine(database_url, statement_timeout=0.5)
     key = make_key()
     with serving(create_app(make_settings(), hurried, None), free_port()) as url:

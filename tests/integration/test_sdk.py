@@ -20,6 +20,7 @@ from notifier.api import keys
 from notifier.api.app import create_app
 from notifier.db import api as api_db
 from tests.console_server import free_port, serving
+from tests.db_faults import slow_inserts
 from tests.factories import MakeSettings
 
 
@@ -102,15 +103,7 @@ def test_a_lost_answer_is_tried_again_and_answered_by_the_first_row(
 ) -> None:
     # A fault for real: the database takes 2 s to write the row, the client gives up after 1 s
     # and tries again while the first request still holds its key.
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
-                " BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;"
-                " CREATE TRIGGER slow_insert BEFORE INSERT ON notifications"
-                " FOR EACH ROW EXECUTE FUNCTION slow_insert()"
-            )
-        )
+    slow_inserts(engine, 2)
     with serving(app, free_port()) as url, sdk.Client(url, key, timeout=1, backoff=0.2) as api:
         started = time.monotonic()
         made = api.notify("email", to="ann@example.com", body="x", idempotency_key="once")
