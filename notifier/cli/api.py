@@ -87,7 +87,13 @@ def api_key() -> None:
     pass
 
 
-@api_key.command("create", short_help="Make a key; it is printed once.")
+@api_key.command(
+    "create",
+    short_help="Make a key; it is printed once.",
+    help="Make a key for the producer NAME (1-64 of a-z 0-9 _ . -), which every row it writes"
+    " carries. It is printed once and stored as a hash: store it now.\n\n\b\nExample:\n"
+    "  notifier api-key create billing --channel email --category billing",
+)
 @click.argument("name")
 @click.option("--channel", "channels", multiple=True, help="A channel it may write (repeat).")
 @click.option("--category", "categories", multiple=True, help="A category it may write.")
@@ -120,7 +126,11 @@ def create(
     return 0
 
 
-@api_key.command("list", short_help="Every key, without its secret.")
+@api_key.command(
+    "list",
+    short_help="Every key, without its secret.",
+    help="Every key: its prefix, name, scope, and when it was made and revoked.",
+)
 @output.json_option
 def list_keys() -> int:
     with db.engine().connect() as conn:
@@ -156,15 +166,21 @@ def list_keys() -> int:
     return 0
 
 
-@api_key.command("revoke", short_help="Revoke a key by its prefix, at once.")
+@api_key.command(
+    "revoke",
+    short_help="Revoke a key by its prefix, at once.",
+    help="Revoke the key whose prefix is PREFIX (nk_ and 10 characters, as listed): its next"
+    " request is refused.",
+)
 @click.argument("prefix")
+@output.json_option
 def revoke(prefix: str) -> int:
     with db.engine().begin() as conn:
         done = api_db.revoke_key(conn, prefix)
     if not done:
-        output.emit(None, Text(f"no live key {output.quoted(prefix)}"))
+        output.emit({"revoked": None}, Text(f"no live key {output.quoted(prefix)}"))
         return NOTHING_MATCHED
-    output.emit(None, Text(f"revoked {prefix}"))
+    output.emit({"revoked": prefix}, Text(f"revoked {prefix}"))
     return 0
 
 

@@ -111,6 +111,9 @@ PRINTING: list[tuple[list[str], list[list[str]]]] = [
         [["profile", "set", "u-1", "--email", "a@example.com"]],
     ),
     (["console", "hash-password"], []),
+    (["api-key", "create", "shop", "--channel", "email"], []),
+    (["api-key", "list"], [["api-key", "create", "shop"]]),
+    (["api-key", "revoke", "nk_aaaaaaaaaa"], []),  # none such: exit 1
 ]
 
 
@@ -161,7 +164,7 @@ def _leaves(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[st
 
 
 def test_every_command_that_prints_takes_json_and_every_option_has_help() -> None:
-    servers = {"metrics", "events"}  # they serve until stopped and print nothing of their own
+    servers = {"metrics", "events", "api"}  # they serve until stopped: nothing of their own
     leaves = dict(_leaves(cli))
     assert {name.split()[0] for name in leaves} >= {
         "send", "show", "stats", "cancel", "requeue", "purge", "health", "migrate",
@@ -177,7 +180,7 @@ def test_every_command_that_prints_takes_json_and_every_option_has_help() -> Non
                 assert param.help, f"{name} {param.opts[0]}"
     exercised = {
         " ".join(argv[:2])
-        if argv[0] in ("campaign", "template", "suppress", "profile")
+        if argv[0] in ("campaign", "template", "suppress", "profile", "api-key")
         else argv[0]
         for argv, _ in PRINTING
     }
