@@ -1,0 +1,68 @@
+"""Whatever JSON a producer sends, reading it as a notification either gives enqueue's
+arguments or refuses it with an ``ApiError`` naming a field: nothing else escapes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from notifier.api import bodies
+from notifier.api.bodies import ApiError
+
+NOW = datetime(2026, 12, 2, tzinfo=UTC)
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+documents = (
+    st.dictionaries(
+        st.sampled_from(sorted(bodies.FIELDS)) | st.text(max_size=12), values, max_size=8
+    )
+    | values
+)
+
+
+@settings(max_examples=500)
+@given(documents)
+def test_any_document_is_read_or_refused_by_field(doc: object) -> None:
+    try:
+        found = bodies.notification(doc, now=NOW)
+    except ApiError as exc:
+        refused: ApiError | None = exc
+    else:
+        refused = None
+    if refused is not None:
+        assert 400 <= refused.status < 500
+        assert refused.code
+        assert refused.field is None or isinstance(refused.field, str)
+        return
+    assert isinstance(found["channel"], str)
+    assert found["channel"]
+    assert set(found) <= bodies.FIELDS - {"delay_seconds", "idempotency_key"}
+    assert 1 <= found["max_attempts"] <= 100
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200) | documents.map(lambda d: json.dumps(d).encode()))
+def test_any_body_is_json_or_a_400(body: bytes) -> None:
+    try:
+        bodies.read_json(body)
+    except ApiError as exc:
+        status = exc.status
+    else:
+        status = 400
+    assert status == 400
+
+
+def test_a_request_hash_does_not_depend_on_spelling() -> None:
+    a = json.loads('{"b": 1, "a": [1, 2], "c": {"y": 1, "x": 2}}')
+    b = json.loads('{"c": {"x": 2, "y": 1}, "a": [1, 2], "b": 1}')
+    assert bodies.request_hash(a) == bodies.request_hash(b)
+    assert bodies.request_hash(a) != bodies.request_hash({**a, "b": 2})
