@@ -5,6 +5,7 @@ Exit status: 0 done; 1 no such live key (``revoke``); 2 bad arguments (nothing i
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -73,7 +74,11 @@ def application() -> object:
         overflow=0,
         statement_timeout=settings.api_statement_timeout_seconds,
     )
-    return create_app(settings, engine, counter)
+    app = create_app(settings, engine, counter)
+    # What is loaded now lives as long as the process: kept out of the collector's full
+    # passes, which a batch's thousands of objects otherwise set off (about a tenth of its time).
+    gc.freeze()
+    return app
 
 
 @click.group(
