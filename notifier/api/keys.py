@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from notifier.api.bodies import ApiError
 from notifier.db.api import KeyRow
 
 PREFIX = "nk_"
@@ -74,3 +75,9 @@ def prefix_of(presented: str) -> str | None:
 def matches(presented: str, row: KeyRow) -> bool:
     """Whether ``presented`` is the key stored as ``row``."""
     return hmac.compare_digest(digest(presented), bytes(row.secret_hash))
+
+
+def must_write(key: KeyRow) -> None:
+    """Refuse (403) a key that may only read."""
+    if key.read_only:
+        raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")

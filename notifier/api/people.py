@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from notifier import client
+from notifier.api import keys
 from notifier.api.bodies import ApiError
 from notifier.db import campaigns, profiles
 from notifier.db.api import KeyRow
@@ -42,7 +43,7 @@ class People:
         return {**_json(asdict(found)), "preferences": [_json(asdict(p)) for p in chosen]}
 
     def upsert(self, key: KeyRow, profile_id: str, doc: Any) -> dict[str, Any]:
-        _writes(key)
+        keys.must_write(key)
         _profile_id(profile_id)
         if not isinstance(doc, dict):
             raise ApiError(422, "invalid_body", "a profile is a JSON object")
@@ -77,7 +78,7 @@ class People:
         return self.read(profile_id)
 
     def prefer(self, key: KeyRow, profile_id: str, doc: Any) -> dict[str, Any]:
-        _writes(key)
+        keys.must_write(key)
         _profile_id(profile_id)
         listed = doc.get("preferences") if isinstance(doc, dict) else None
         if (
@@ -137,11 +138,6 @@ class People:
             "notifications": counts.notifications,
             "by_status": counts.by_status,
         }
-
-
-def _writes(key: KeyRow) -> None:
-    if key.read_only:
-        raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
 
 
 def _profile_id(profile_id: str) -> None:

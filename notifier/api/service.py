@@ -110,8 +110,7 @@ class Service:
                 f'send {{"notifications": [...]}} with 1 to {limit} notifications',
                 "notifications",
             )
-        if key.read_only:
-            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        keys.must_write(key)
         items = [self._item(key, given) for given in listed]
         with self.engine.begin() as conn:
             api_db.name_producer(conn, key.name)
@@ -145,8 +144,7 @@ class Service:
             return exc
 
     def _checked(self, key: KeyRow, doc: Any) -> dict[str, Any]:
-        if key.read_only:
-            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        keys.must_write(key)
         args = bodies.notification(doc, now=self.clock())
         for field, allowed in (("channel", key.channels), ("category", key.categories)):
             if allowed is not None and args[field] not in allowed:
@@ -166,8 +164,7 @@ class Service:
         return _view(row, key.name)
 
     def cancel(self, key: KeyRow, *, row_id: int | None = None, idem: str | None = None) -> Any:
-        if key.read_only:
-            raise ApiError(403, "read_only_key", "this key may only read: use a key that writes")
+        keys.must_write(key)
         dedupe = None if idem is None else f"{key.name}:{idem}"
         with self.engine.begin() as conn:
             found = api_db.cancel_own(
