@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -12,6 +14,7 @@ from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from notifier.settings import get_settings
 
@@ -87,6 +90,23 @@ def driver(conn: Connection) -> psycopg.Connection[Any]:
     if not isinstance(raw, psycopg.Connection):
         raise TypeError("notifier needs the psycopg 3 driver (postgresql+psycopg://)")
     return raw
+
+
+@contextmanager
+def driver_errors(conn: Connection) -> Iterator[None]:
+    """psycopg's errors from statements sent through ``driver(conn)``, raised as SQLAlchemy
+    raises a driver's (``OperationalError`` for a lost connection, ``IntegrityError`` and the
+    like for the data), so that callers retry, split or refuse them as any statement's."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raw = conn.connection.driver_connection
+        lost = not isinstance(raw, psycopg.Connection) or raw.closed or raw.broken
+        if lost:
+            conn.invalidate()
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
+        ) from exc
 
 
 #: The loader psycopg reads ``timestamptz`` text with by default: its C one where the binary

@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 from sqlalchemy import Connection, text
 
-from notifier.db.engine import driver
+from notifier.db.engine import driver, driver_errors
 from notifier.db.profiles import CLAIM_PROFILE, addressing
 from notifier.db.sql import for_driver, number_array, rowcount, text_array
 from notifier.models import (
@@ -235,7 +235,10 @@ def claim_due(
     No row can make the claim fail: what cannot be read of a row (see ``_RETURNING``) comes
     back as its ``defect``, and the dispatcher gives that row up alone.
     """
-    with send_claim(driver(conn), limit, lease_seconds, token, worker, limits) as cur:
+    with (
+        driver_errors(conn),
+        send_claim(driver(conn), limit, lease_seconds, token, worker, limits) as cur,
+    ):
         return claimed(cur)
 
 
@@ -284,8 +287,8 @@ def record_outcomes(
     """Each row still held by ``token`` leaves ``processing`` as its ``Decision`` says, in one
     statement; how many rows it changed. With ``worker`` named, the changed rows' attempts are
     appended to ``notification_attempts`` by the same statement."""
-    cur = send_record(driver(conn), token, outcomes, worker)
-    return recorded(cur)
+    with driver_errors(conn):
+        return recorded(send_record(driver(conn), token, outcomes, worker))
 
 
 def send_record(
@@ -334,7 +337,8 @@ def _column(literal: Callable[[list[V]], str], values: list[V]) -> str:
 def recheck(conn: Connection, token: UUID, ids: Iterable[int]) -> tuple[set[int], set[int]]:
     """Of these claimed rows: those still held by this claim (not cancelled meanwhile), and
     among them those whose campaign is paused."""
-    return rechecked(send_recheck(driver(conn), token, ids))
+    with driver_errors(conn):
+        return rechecked(send_recheck(driver(conn), token, ids))
 
 
 def send_recheck(

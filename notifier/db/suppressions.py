@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, text
 
-from notifier.db.engine import driver
+from notifier.db.engine import driver, driver_errors
 from notifier.db.sql import columns, for_driver
 
 # The batch's rows travel as one JSON object, {channel: [[recipient, category], ...]}: psycopg
@@ -134,7 +134,8 @@ Addressee = tuple[str, str, str | None]
 
 def suppressed(conn: Connection, rows: Iterable[Addressee]) -> dict[Addressee, str]:
     """Of these (channel, recipient, category) rows, the suppressed ones, with the reasons."""
-    return found_suppressed(send_suppressed(driver(conn), rows))
+    with driver_errors(conn):
+        return found_suppressed(send_suppressed(driver(conn), rows))
 
 
 def send_suppressed(
@@ -162,7 +163,8 @@ def found_suppressed(cur: psycopg.Cursor[Any] | None) -> dict[Addressee, str]:
 def suppress_many(conn: Connection, entries: Iterable[tuple[str, str, str, str]]) -> int:
     """Add (channel, recipient, reason, kind) entries; those already there keep their first
     reason and kind. Returns how many were new."""
-    return added(send_suppress_many(driver(conn), entries))
+    with driver_errors(conn):
+        return added(send_suppress_many(driver(conn), entries))
 
 
 def send_suppress_many(
