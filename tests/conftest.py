@@ -24,7 +24,7 @@ from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, create_engine, text
 
 from notifier import db
-from notifier.db.migrate import migrate
+from notifier.db.migrate import grant_database, migrate
 from notifier.settings import Settings
 from tests.factories import MakeRow, MakeRows, MakeSettings, Rows, SetEnv, environment
 from tests.raw_server import Behaviour, RawServer
@@ -87,6 +87,7 @@ def database_url(template_database: str, set_env: SetEnv) -> Iterator[str]:
     admin = _admin()
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name} TEMPLATE {template_database}"))
+        grant_database(conn, name)  # as notifier migrate does: not carried by the template
     url = f"{POSTGRES}/{name}"
     set_env(database_url=url)
     db.dispose_engine()

@@ -7,8 +7,9 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
    another request holds answers its item 409 ``in_progress``), in one statement;
 2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
    key was used with the same request is a replay, with another request refused;
-3. the rest are inserted in one statement (``producers.enqueue_rows``); a key that a SQL
-   producer wrote as a ``dedupe_key`` itself is refused ``key_in_use``;
+3. the rest are copied into a staging table and inserted from it in one statement
+   (``producers.enqueue_rows``); a key that a SQL producer wrote as a ``dedupe_key`` itself is
+   refused ``key_in_use``;
 4. the new keys' requests are recorded in one statement.
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to

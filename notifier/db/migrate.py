@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.engine import make_url
 
 from notifier.settings import get_settings
@@ -63,9 +63,31 @@ def migrate(
             config.attributes["connection"] = conn
             if down_to is None:
                 command.upgrade(config, "head")
+                grant_database(conn, url.database or "")
             else:
                 command.downgrade(config, down_to)
     finally:  # a migration that fails leaves no connection behind in the pool
         engine.dispose()
     where = "the newest schema" if down_to is None else f"revision {down_to}"
     say(f"database {url.database} is at {where}")
+
+
+#: The database's own privileges (not its schema's) that notifier's roles need: the API writes a
+#: batch through a temporary table of its session (``producers.enqueue_rows``). PostgreSQL grants
+#: ``TEMPORARY`` to ``PUBLIC`` by default and hardened databases revoke it; a grant on a database
+#: is not carried by a dump restored into another or a copy made from it as a template, so it is
+#: made again by every ``notifier migrate`` rather than once by a migration.
+DATABASE_GRANTS = {"notifier_api": "TEMPORARY"}
+
+
+def grant_database(conn: Connection, database: str) -> None:
+    """Grant notifier's roles what they need of ``database`` (``DATABASE_GRANTS``), from a
+    connection to any database of the server, and commit."""
+    quote = conn.dialect.identifier_preparer.quote
+    present = conn.execute(
+        text("SELECT rolname FROM pg_roles WHERE rolname = ANY(:roles)"),
+        {"roles": list(DATABASE_GRANTS)},
+    ).scalars()
+    for role in present:
+        conn.execute(text(f"GRANT {DATABASE_GRANTS[role]} ON DATABASE {quote(database)} TO {role}"))
+    conn.commit()

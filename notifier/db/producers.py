@@ -6,15 +6,14 @@ holds; nothing here commits.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, text
 
 from notifier.db import profiles
+from notifier.db.engine import driver, driver_errors
 from notifier.db.sql import for_driver
 from notifier.db.templates import TEMPLATES_OF, TemplateRow
 from notifier.models import Profile
@@ -67,6 +66,24 @@ def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[in
     return int(existing[0]), False
 
 
+#: What a row to write names, in ``ROW_COLUMNS``' order.
+STAGED = (
+    "channel",
+    "recipient",
+    "subject",
+    "body",
+    "payload",
+    "dedupe_key",
+    "max_attempts",
+    "priority",
+    "send_at",
+    "expires_at",
+    "guard",
+    "template",
+    "locale",
+    "category",
+    "profile",
+)
 ROW_COLUMNS = (
     "channel text, recipient text, subject text, body text, payload jsonb, dedupe_key text,"
     " max_attempts integer, priority integer, send_at timestamptz, expires_at timestamptz,"
@@ -74,42 +91,42 @@ ROW_COLUMNS = (
 )
 
 # Rows in the order given (their ids too, as identity values are drawn in that order); a row
-# whose dedupe_key exists is left out of what comes back.
-ENQUEUE_MANY = text(
-    f"""
+# whose dedupe_key exists is left out of what comes back. The rows arrive by COPY into a
+# session's own staging table, emptied by the very statement that inserts them: no JSON to
+# build or parse, and a staging table that a pooled connection's next transaction finds empty.
+STAGE_ROWS = f"""
+    CREATE TEMP TABLE IF NOT EXISTS notifications_staged (ord integer, {ROW_COLUMNS})
+    ON COMMIT DELETE ROWS
+"""
+COPY_STAGED = f"COPY notifications_staged (ord, {', '.join(STAGED)}) FROM STDIN"
+ENQUEUE_STAGED = """
+    WITH staged AS (DELETE FROM notifications_staged RETURNING *)
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
             next_attempt_at, expires_at, guard, template, locale, category, profile)
-    SELECT r.channel, r.recipient, r.subject, r.body, r.payload, r.dedupe_key,
-           r.max_attempts, r.priority, coalesce(r.send_at, now()), r.expires_at, r.guard,
-           r.template, r.locale, r.category, r.profile
-      FROM ROWS FROM (jsonb_to_recordset(CAST(:rows AS jsonb)) AS ({ROW_COLUMNS}))
-           WITH ORDINALITY AS r
-     ORDER BY r.ordinality
+    SELECT channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+           coalesce(send_at, now()), expires_at, guard, template, locale, category, profile
+      FROM staged
+     ORDER BY ord
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id, dedupe_key
-    """
-)
+"""
 
 
 def enqueue_rows(
     conn: Connection, rows: Sequence[Mapping[str, Any]]
 ) -> list[tuple[int, str | None]]:
-    """Insert rows (each as ``enqueue_row`` takes it) in one statement: (id, dedupe_key) of
-    each written, in the order given; a row whose key existed is not among them."""
-    documents = []
-    for row in rows:  # each row's payload is JSON text already: spliced in, not parsed again
-        rest = {k: v for k, v in row.items() if k != "payload"}
-        rest.update(send_at=_iso(row["send_at"]), expires_at=_iso(row["expires_at"]))
-        documents.append(
-            json.dumps(rest, ensure_ascii=False)[:-1] + f', "payload": {row["payload"]}}}'
-        )
-    found = conn.execute(ENQUEUE_MANY, {"rows": "[" + ", ".join(documents) + "]"})
-    return sorted((int(i), key) for i, key in found)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    """Insert rows (each as ``enqueue_row`` takes it, its payload JSON text) in one statement,
+    in ``conn``'s transaction: (id, dedupe_key) of each written, in the order given; a row whose
+    key existed is not among them."""
+    raw = driver(conn)
+    with driver_errors(conn), raw.cursor() as cur:
+        cur.execute(STAGE_ROWS)
+        with cur.copy(COPY_STAGED) as copy:
+            for ord_, row in enumerate(rows):
+                copy.write_row((ord_, *(row[name] for name in STAGED)))
+        cur.execute(ENQUEUE_STAGED)
+        return sorted((int(i), key) for i, key in cur.fetchall())
 
 
 def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:

@@ -27,6 +27,7 @@ from notifier.providers import registry_of
 from notifier.providers.null import NullProvider
 from notifier.settings import Settings
 from tests.factories import SetEnv
+from tests.migrations import migrate
 from tests.roles import Logins
 
 GROUPS = (
@@ -304,3 +305,23 @@ def test_the_documented_script_makes_working_logins(engine: Engine) -> None:
         ).one()
         conn.rollback()  # the logins belong to the cluster: leave none behind
     assert tuple(members) == (True, True, True, True, True)
+
+
+def test_notifier_migrate_grants_the_api_its_temporary_tables_again(engine: Engine) -> None:
+    """A database restored from a dump, or copied as a template, has lost its own grants: the
+    next ``notifier migrate``, with nothing left to upgrade, makes them again."""
+    with engine.connect() as conn:
+        database = conn.execute(text("SELECT current_database()")).scalar_one()
+    hardened = f'TEMPORARY ON DATABASE "{database}"'
+    may = text("SELECT has_database_privilege('notifier_api', current_database(), 'TEMPORARY')")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"REVOKE {hardened} FROM PUBLIC, notifier_api"))
+        with engine.connect() as conn:
+            assert conn.execute(may).scalar_one() is False  # the grant is gone for real
+        migrate(engine, "head")
+        with engine.connect() as conn:
+            assert conn.execute(may).scalar_one() is True
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"GRANT {hardened} TO PUBLIC"))
