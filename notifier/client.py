@@ -142,7 +142,7 @@ def checked_row(
         recipient=address,
         subject=subject,
         body=body,
-        payload=json.loads(document) if refused is None else {},
+        payload=json.loads(document) if refused is None and document != "{}" else {},
         dedupe_key=key,
         guard=guard,
         template=template,

@@ -135,7 +135,7 @@ def would_be(
         payload={} if payload is None else payload,
         attempts=1,
         max_attempts=max_attempts,
-        claim_token=uuid.UUID(int=0),
+        claim_token=NO_CLAIM,
         created_at=datetime.now(UTC),
         dedupe_key=dedupe_key,
         priority=priority,
@@ -155,7 +155,15 @@ def unstorable_json(field: str, document: str) -> str | None:
     return _not_unicode(field, document)
 
 
+#: The claim token of a row not claimed yet.
+NO_CLAIM = uuid.UUID(int=0)
+
+
 def _unstorable(n: Notification) -> str | None:
+    texts = [value for field in _TEXT_FIELDS if isinstance(value := getattr(n, field), str)]
+    whole = "".join(texts)  # the usual row, checked at once; a bad one field by field
+    if "\x00" not in whole and _not_unicode("", whole) is None:
+        return _long_key(n)
     for field in _TEXT_FIELDS:
         value = getattr(n, field)
         if not isinstance(value, str):
@@ -165,6 +173,10 @@ def _unstorable(n: Notification) -> str | None:
         problem = _not_unicode(field, value)
         if problem is not None:
             return problem
+    return _long_key(n)
+
+
+def _long_key(n: Notification) -> str | None:
     if n.dedupe_key is not None:
         size = len(n.dedupe_key.encode())
         if size > DEDUPE_KEY_BYTES:
