@@ -22,7 +22,8 @@ import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -34,6 +35,11 @@ import httpx
 RETRIED = {429, 500, 502, 503, 504}
 #: The longest wait between tries, whatever a Retry-After says.
 MAX_WAIT = 30.0
+#: Items in one batch request (the API's ``NOTIFIER_API_MAX_BATCH`` by default), and how many
+#: batch requests ``notify_many`` keeps under way at once: one API process writes one batch
+#: while another checks the next.
+BATCH = 1_000
+IN_FLIGHT = 2
 
 
 class NotifierError(Exception):
@@ -148,6 +154,23 @@ def _keyed(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"idempotency_key": str(uuid.uuid4()), **item} for item in items]
 
 
+def _batches(items: Sequence[Mapping[str, Any]], size: int) -> list[tuple[int, _Call]]:
+    """The requests that write ``items``, ``size`` at a time, each with its first item's index."""
+    if size < 1:
+        raise ValueError(f"batch size must be at least 1, not {size}")
+    keyed = _keyed(items)
+    return [
+        (start, _Call("POST", "/v1/notifications/batch", {"notifications": keyed[at]}))
+        for start in range(0, len(keyed), size)
+        for at in [slice(start, start + size)]
+    ]
+
+
+def _placed(answer: httpx.Response, start: int) -> list[ItemResult]:
+    """A batch's results, their indexes counted from the first item given to ``notify_many``."""
+    return [replace(r, index=r.index + start) for r in _results(answer.json())]
+
+
 def _results(doc: Any) -> list[ItemResult]:
     found = []
     for r in doc["results"]:
@@ -231,11 +254,24 @@ class Client(_Base):
         answer = self._send(_Call("POST", "/v1/notifications", doc, None, _writes(idempotency_key)))
         return Created(**answer.json())
 
-    def notify_many(self, items: Sequence[Mapping[str, Any]]) -> list[ItemResult]:
-        answer = self._send(
-            _Call("POST", "/v1/notifications/batch", {"notifications": _keyed(items)})
-        )
-        return _results(answer.json())
+    def notify_many(
+        self, items: Sequence[Mapping[str, Any]], *, batch: int = BATCH, in_flight: int = IN_FLIGHT
+    ) -> list[ItemResult]:
+        """Write any number of items, ``batch`` a request, ``in_flight`` requests at once: a
+        result for each, in order. Should a request fail for good, its error is raised once the
+        others end; the other requests' items are written, and calling again with the same
+        items writes the rest and nothing twice if each item carries its ``idempotency_key``."""
+        calls = _batches(items, batch)
+        if len(calls) <= 1:
+            return [r for start, call in calls for r in _placed(self._send(call), start)]
+        with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(calls)))) as pool:
+            answers = [pool.submit(self._send, call) for _, call in calls]
+            wait(answers)
+        return [
+            r
+            for (start, _), a in zip(calls, answers, strict=True)
+            for r in _placed(a.result(), start)
+        ]
 
     def get(self, id: int | None = None, *, idempotency_key: str | None = None) -> dict[str, Any]:
         path, params = _by(id, idempotency_key)
@@ -299,9 +335,24 @@ class AsyncClient(_Base):
         call = _Call("POST", "/v1/notifications", doc, None, _writes(idempotency_key))
         return Created(**(await self._send(call)).json())
 
-    async def notify_many(self, items: Sequence[Mapping[str, Any]]) -> list[ItemResult]:
-        call = _Call("POST", "/v1/notifications/batch", {"notifications": _keyed(items)})
-        return _results((await self._send(call)).json())
+    async def notify_many(
+        self, items: Sequence[Mapping[str, Any]], *, batch: int = BATCH, in_flight: int = IN_FLIGHT
+    ) -> list[ItemResult]:
+        """``Client.notify_many``, with ``in_flight`` requests under way on the event loop."""
+        gate = asyncio.Semaphore(max(1, in_flight))
+
+        async def send(call: _Call) -> httpx.Response:
+            async with gate:
+                return await self._send(call)
+
+        calls = _batches(items, batch)
+        answers = await asyncio.gather(*(send(call) for _, call in calls), return_exceptions=True)
+        found = []
+        for (start, _), answer in zip(calls, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer
+            found += _placed(answer, start)
+        return found
 
     async def get(
         self, id: int | None = None, *, idempotency_key: str | None = None

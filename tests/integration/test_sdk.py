@@ -85,6 +85,42 @@ def test_notify_many_keys_every_item(url: str, key: str, engine: Engine) -> None
     assert len(statuses(engine)) == 3
 
 
+def many(count: int, bad: int) -> list[dict[str, Any]]:
+    """``count`` items, the one at ``bad`` refused by the API."""
+    return [
+        {"channel": "email", "to": "bad" if i == bad else f"u{i}@example.com", "body": "x"}
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_notify_many_splits_what_one_request_cannot_carry(
+    client: str, url: str, key: str, engine: Engine
+) -> None:
+    """25 items, 10 a request, 2 requests at once: a result for each, in the caller's order."""
+    items = many(25, bad=17)
+    if client == "sync":
+        with sdk.Client(url, key) as api:
+            results = api.notify_many(items, batch=10, in_flight=2)
+            assert api.notify_many([]) == []
+    else:
+
+        async def run() -> list[sdk.ItemResult]:
+            async with sdk.AsyncClient(url, key) as api:
+                return await api.notify_many(items, batch=10, in_flight=2)
+
+        results = asyncio.run(run())
+    assert [r.index for r in results] == list(range(25))
+    assert [i for i, r in enumerate(results) if r.status != "created"] == [17]
+    with engine.connect() as conn:
+        written = dict(conn.execute(text("SELECT id, recipient FROM notifications")).all())
+    assert {written[r.id] for r in results if r.id is not None} == {
+        f"u{i}@example.com" for i in range(25) if i != 17
+    }
+    with sdk.Client(url, key) as api, pytest.raises(ValueError, match="at least 1"):
+        api.notify_many(items, batch=0)
+
+
 def test_the_async_client_does_the_same(url: str, key: str, engine: Engine) -> None:
     async def run() -> tuple[sdk.Created, dict[str, Any], bool]:
         async with sdk.AsyncClient(url, key) as api:
