@@ -3,7 +3,9 @@
 Workers count each batch's attempts into Redis (one pipelined round trip per batch); the
 ``notifier metrics`` process serves them, together with gauges read from PostgreSQL at each
 scrape. Counters live in Redis, so they restart from zero if Redis loses its data; Prometheus
-treats that as an ordinary counter reset.
+treats that as an ordinary counter reset. Whichever of the two cannot be read leaves its series
+out of that scrape, and ``notifier_dependency_up`` says which (the alerting rules in
+``deploy/prometheus/alerts.yml`` read it).
 
 Key layout: ``notifier:metrics:attempts`` - a hash of ``channel|provider|outcome`` -> count;
 ``notifier:metrics:latency`` - a hash of ``channel|provider|le`` -> count per histogram bucket,
@@ -23,7 +25,7 @@ import bisect
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote, unquote
@@ -126,17 +128,28 @@ class NotifierCollector(Collector):
         self.labels = labels
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
-        yield from self._counters()
-        yield from self._gauges()
+        redis_up = yield from self._counters()
+        postgres_up = yield from self._gauges()
+        # Said outright, not left to the absence of the series above: an alert on a missing
+        # series cannot tell "Redis is down" from "nothing scraped".
+        up = GaugeMetricFamily(
+            "notifier_dependency_up",
+            "1 if this scrape could read the dependency (postgres, redis), 0 if not.",
+            labels=["dependency"],
+        )
+        up.add_metric(["postgres"], float(postgres_up))
+        up.add_metric(["redis"], float(redis_up))
+        yield up
 
-    def _counters(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+    def _counters(self) -> Generator[CounterMetricFamily | HistogramMetricFamily, None, bool]:
+        """The counters from Redis; returns whether Redis could be read."""
         try:
             raw_attempts = _decode(self.client.hgetall(ATTEMPTS_KEY))
             raw_latency = _decode(self.client.hgetall(LATENCY_KEY))
             raw_events = _decode(self.client.hgetall(EVENTS_KEY))
         except redis.RedisError as exc:
             log.warning("metrics: Redis unreachable (%s); counters left out", exc)
-            return
+            return False
         attempts: dict[tuple[str, str, str], float] = defaultdict(float)
         for (channel, provider, outcome), value in self._series(raw_attempts):
             attempts[channel, provider, outcome if outcome in OUTCOMES else OTHER] += value
@@ -164,6 +177,7 @@ class NotifierCollector(Collector):
             histogram.add_metric(list(pair), buckets, sum_value=parts.get("sum", 0.0))
         yield histogram
         yield _events(raw_events)
+        return True
 
     def _series(self, fields: dict[str, str]) -> Iterator[tuple[tuple[str, str, str], float]]:
         """Each well-formed ``channel|provider|last`` field, decoded and bounded, and its value."""
@@ -178,13 +192,15 @@ class NotifierCollector(Collector):
             channel, provider = self.labels.bound(parts[0], parts[1])
             yield (channel, provider, parts[2]), number
 
-    def _gauges(self) -> Iterable[GaugeMetricFamily]:
+    def _gauges(self) -> Generator[GaugeMetricFamily, None, bool]:
+        """The queue's gauges from PostgreSQL; returns whether PostgreSQL could be read."""
         try:
             with self.engine.connect() as conn:
                 g = stats.gauges(conn)
+                rescued = stats.rescued_last_hour(conn)
         except Exception as exc:
             log.warning("metrics: database unreachable (%s); gauges left out", exc)
-            return
+            return False
         for name, text, value in (
             ("notifier_due", "Pending rows due now.", g.due),
             (
@@ -194,9 +210,15 @@ class NotifierCollector(Collector):
             ),
             ("notifier_processing", "Rows claimed by a worker right now.", g.processing),
             ("notifier_dead_last_hour", "Rows that went dead in the last hour.", g.dead_last_hour),
+            (
+                "notifier_rescued_last_hour",
+                "Rows taken back in the last hour from a worker that stopped mid-send.",
+                rescued,
+            ),
         ):
             yield GaugeMetricFamily(name, text, value=value)
         yield from _status_events(self.engine)
+        return True
 
 
 def _events(fields: dict[str, str]) -> CounterMetricFamily:
@@ -226,7 +248,7 @@ def _events(fields: dict[str, str]) -> CounterMetricFamily:
     return family
 
 
-def _status_events(engine: Engine) -> Iterable[GaugeMetricFamily]:
+def _status_events(engine: Engine) -> Iterator[GaugeMetricFamily]:
     """The status webhook's outbox: events waiting, being sent, given up."""
     try:
         with engine.connect() as conn:

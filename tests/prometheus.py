@@ -31,8 +31,9 @@ def samples(body: str) -> Samples:
     return found
 
 
-def scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
-    """Serve the metrics in a thread and GET ``/metrics`` once."""
+def serve(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
+    """Serve the metrics in a thread (for the rest of the run) and return ``host:port`` once
+    ``/metrics`` answers."""
     port = _free_port()
     threading.Thread(
         target=metrics.serve, args=(engine, client, labels, port, "127.0.0.1"), daemon=True
@@ -40,7 +41,13 @@ def scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
     deadline = time.monotonic() + 10
     while True:
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            return f"127.0.0.1:{port}"
         except httpx.TransportError:
             assert time.monotonic() < deadline, "the metrics endpoint never came up"
             time.sleep(0.1)
+
+
+def scrape(engine: Engine, client: redis.Redis, labels: metrics.Labels) -> str:
+    """Serve the metrics in a thread and GET ``/metrics`` once."""
+    return httpx.get(f"http://{serve(engine, client, labels)}/metrics", timeout=10).text

@@ -63,6 +63,12 @@ OUTCOMES_PER_MINUTE = text(
 )
 
 
+RESCUED_LAST_HOUR = text(
+    "SELECT count(*) FROM notification_attempts"
+    " WHERE at > now() - interval '1 hour' AND outcome = 'rescued'"
+)
+
+
 def counts(conn: Connection) -> list[tuple[str, str, int]]:
     """``(status, channel, rows)``, by status then channel."""
     return [(s, c, int(n)) for s, c, n in conn.execute(COUNT_BY_STATUS).all()]
@@ -98,6 +104,15 @@ def gauges(conn: Connection) -> Gauges:
     return Gauges(
         int(due), None if lag is None else float(lag), int(processing), int(expiring), int(dead)
     )
+
+
+def rescued_last_hour(conn: Connection) -> int:
+    """Rows the rescue took back from a worker that stopped mid-send, in the last hour.
+
+    Read from the attempt history, which the rescue's own statement writes (a ``rescued``
+    attempt per row, ``notifier.db.rescue``), so the figure is exact whichever process ran it;
+    one range read through notification_attempts_at, as ``outcomes_per_minute``."""
+    return int(conn.execute(RESCUED_LAST_HOUR).scalar_one())
 
 
 def outcomes_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, int, int, int]]:
