@@ -6,6 +6,7 @@ operator tunes come from ``notifier.settings`` (environment variables ``NOTIFIER
 
 from celery.schedules import crontab
 
+from notifier import redis_access
 from notifier.settings import SettingsError, get_settings
 from notifier.status_webhook import BEAT_SECONDS
 
@@ -15,8 +16,11 @@ except SettingsError as exc:
     # One line naming the variable, not a traceback through Celery's loader; exits non-zero.
     raise SystemExit(f"notifier: {exc}") from None
 
-broker_url = _settings.redis_url
-# Results are never read: tasks record their outcome in PostgreSQL.
+# One Redis server, or kombu's sentinel:// transport, which asks NOTIFIER_REDIS_SENTINELS for the
+# primary on every (re)connection and so follows a failover (docs/redis-failover.md).
+broker_url, _broker_sentinel = redis_access.celery_broker(_settings)
+# Results are never read: tasks record their outcome in PostgreSQL. (No result backend, so none to
+# point at the Sentinels either.)
 task_ignore_result = True
 result_backend = None
 
@@ -43,6 +47,8 @@ broker_transport_options = {
     "visibility_timeout": task_time_limit * 2,
     "socket_timeout": 10,
     "socket_connect_timeout": 10,
+    # With Sentinels: the name of the primary they monitor (``master_name``).
+    **_broker_sentinel,
 }
 broker_connection_retry_on_startup = True
 # No task is ever sent with an ETA or countdown: retry times live in the rows. (Delayed messages

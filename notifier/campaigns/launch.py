@@ -77,11 +77,15 @@ def launch_campaign(
     progress: Callable[[int], None] = lambda n: None,
     chunk: int = CHUNK,
     parallel: int = PARALLEL,
+    session: Engine | None = None,
 ) -> int:
-    """``Campaigns.launch``: the notifications written by this run."""
+    """``Campaigns.launch``: the notifications written by this run. The launch's lock is held
+    on a connection of ``session`` (``engine`` when None): a session's advisory lock needs the
+    same server connection from the lock to the unlock, which a transaction pooler does not
+    keep (``NOTIFIER_DATABASE_SESSION_URL``)."""
     with engine.begin() as conn:
         campaign_id = named(conn, name).id
-    with engine.connect() as held:
+    with (session or engine).connect() as held:
         launches.lock_launch(held, campaign_id)
         held.commit()  # the lock is the session's: the connection waits outside a transaction
         try:

@@ -71,10 +71,13 @@ class Paused:
 
 
 class Campaigns:
-    """The operations on campaigns, each in its own transactions."""
+    """The operations on campaigns, each in its own transactions; a launch holds its lock on
+    a connection of ``session`` (``engine`` when None), which must keep one server connection:
+    PostgreSQL itself, not a transaction pooler."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, session: Engine | None = None) -> None:
         self.engine = engine
+        self.session = session
 
     def create(
         self,
@@ -241,7 +244,7 @@ class Campaigns:
         recipients, or the rest of a launch that died), never rows that were written, sent and
         purged since. A cancel, even one during the launch, is final.
         """
-        return launch_campaign(self.engine, name, progress, chunk, parallel)
+        return launch_campaign(self.engine, name, progress, chunk, parallel, self.session)
 
     def status(self, name: str) -> Progress:
         """The campaign and its counts; a running campaign they show done is marked finished

@@ -10,9 +10,8 @@ import json
 import sys
 
 import click
-import redis
 
-from notifier import db, logs
+from notifier import db, logs, redis_access
 from notifier.api import keys, openapi
 from notifier.cli import output
 from notifier.cli.base import NOTHING_MATCHED, Group
@@ -67,12 +66,13 @@ def application() -> object:
 
     settings = get_settings()
     logs.configure(settings)
-    counter = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    counter = redis_access.client(settings, timeout=2)
     engine = db.make_engine(
         settings.database_url,
         pool_size=settings.api_pool_size,
         overflow=0,
         statement_timeout=settings.api_statement_timeout_seconds,
+        pooled=settings.transaction_pooled,
     )
     app = create_app(settings, engine, counter)
     # What is loaded now lives as long as the process: kept out of the collector's full

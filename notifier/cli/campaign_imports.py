@@ -22,8 +22,8 @@ _NAME = click.argument("name")
 
 
 def campaign_service() -> Campaigns:
-    """The campaigns of the process's database."""
-    return Campaigns(db.engine())
+    """The campaigns of the process's database; a launch locks through its session URL."""
+    return Campaigns(db.engine(), session=db.session_engine())
 
 
 @click.command(

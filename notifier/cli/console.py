@@ -84,7 +84,7 @@ def serve(host: str | None = None, port: int | None = None) -> int:
     else:
         gate = Gate.loopback(port, scheme, proxies)
     app = create_app(
-        db.make_engine(settings.database_url),
+        db.make_engine(settings.database_url, pooled=settings.transaction_pooled),
         settings.console_users,
         secure_cookie=settings.console_secure_cookie,
         session_seconds=settings.console_session_minutes * 60,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import click
 import redis
 
+from notifier import redis_access
 from notifier.cli import api as api_cli
 from notifier.cli import campaigns as campaign_cli
 from notifier.cli import changes, looking, output, running, sending, terminal
@@ -59,7 +60,7 @@ Exit statuses:
   3  the operator answered no to the confirmation; nothing changed
   4  the database cannot be reached or refuses the login (NOTIFIER_DATABASE_URL)
   5  the database does not exist (notifier migrate creates it)
-  6  Redis cannot be reached (NOTIFIER_REDIS_URL)
+  6  Redis cannot be reached (NOTIFIER_REDIS_URL, or NOTIFIER_REDIS_SENTINELS)
 
 'notifier COMMAND --help' shows a command's options. Every command that prints takes --json:
 one JSON document on stdout with the same data.
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output.error(problem.line)
         return DATABASE_MISSING if problem.missing else DATABASE_UNREACHABLE
     except redis.ConnectionError as exc:
-        output.error(f"cannot connect to Redis (NOTIFIER_REDIS_URL): {exc}")
+        output.error(f"cannot connect to Redis ({redis_access.named_by(get_settings())}): {exc}")
         return REDIS_UNREACHABLE
     except BrokenPipeError:  # stdout's reader has gone (notifier stats | head -1)
         output.stdout_closed()

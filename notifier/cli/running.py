@@ -7,10 +7,9 @@ all checks pass, 1 one fails); ``metrics`` and ``events`` serve until stopped.
 from __future__ import annotations
 
 import click
-import redis
 from sqlalchemy.engine import make_url
 
-from notifier import db, health, logs, metrics
+from notifier import db, health, logs, metrics, redis_access
 from notifier.cli import output, terminal
 from notifier.cli.base import NOTHING_MATCHED, Command
 from notifier.cli.output import Table, Text
@@ -37,7 +36,7 @@ from notifier.settings import get_settings
 def migrate_command(down_to: str | None) -> int:
     said: list[str] = []
     migrate.migrate(down_to=down_to, say=said.append)
-    name = make_url(get_settings().database_url).database
+    name = make_url(get_settings().session_database_url).database
     output.emit(
         {
             "database": name,
@@ -67,9 +66,7 @@ def migrate_command(down_to: str | None) -> int:
 @output.json_option
 def health_command(worker: bool) -> int:
     settings = get_settings()
-    redis_client = redis.Redis.from_url(
-        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
-    )
+    redis_client = redis_access.client(settings, timeout=5)
     checks = health.check(
         db.engine(), redis_client, settings, settings.heartbeat_file if worker else None
     )
@@ -106,9 +103,7 @@ _HOST = click.option(
 @_HOST
 def metrics_command(port: int | None, host: str) -> int:
     settings = get_settings()
-    redis_client = redis.Redis.from_url(
-        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
-    )
+    redis_client = redis_access.client(settings, timeout=5)
     labels = metrics.Labels.of(load_registry(get_settings()))
     metrics.serve(db.engine(), redis_client, labels, port or settings.metrics_port, host)
     return 0
@@ -134,9 +129,7 @@ def events(port: int | None, host: str) -> int:
     from notifier.events.app import create_app
 
     settings = get_settings()
-    redis_client = redis.Redis.from_url(
-        settings.redis_url, socket_timeout=5, socket_connect_timeout=5
-    )
+    redis_client = redis_access.client(settings, timeout=5)
     app = create_app(settings, db.engine(), redis_client)
     # uvicorn's loggers go through notifier's handler (NOTIFIER_LOG_FORMAT, masking), and its
     # access log shows /u/ paths without their tokens.

@@ -40,6 +40,10 @@ _SERVER_BUSY = frozenset({"57P01", "57P02", "57P03", "53300"})
 #: What the server's refusal of a login names: the role, its authentication, pg_hba.conf.
 _LOGIN = re.compile(r'role "|authentication|pg_hba\.conf')
 _TLS_REQUIRED = frozenset({"require", "verify-ca", "verify-full"})
+#: One server's failed attempt, as psycopg lists each when the URL names several.
+_ATTEMPT = re.compile(r'connection to server at "([^"]*)"[^,\n]*, port (\d+) failed: ([^\n]*)')
+#: libpq turning a standby down because ``target_session_attrs`` asks for a server that writes.
+_READ_ONLY = re.compile(r"session is read-only|server is in hot standby mode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,19 +102,37 @@ class _Target:
             url: URL = make_url(database_url)
         except ArgumentError:
             return cls("?", "?", "?", "?", "connect_timeout", tls_required=False)
-        query_host = url.query.get("host")
-        host = url.host or (query_host if isinstance(query_host, str) else None) or "localhost"
-        where = host if host.startswith("/") else f"{host}:{url.port or 5432}"
+        hosts, where = _servers(url)
         timeout = url.query.get("connect_timeout")
         sslmode = url.query.get("sslmode")
         return cls(
-            host,
-            where,
+            ", ".join(hosts),
+            ", ".join(where),
             url.username or "(the operating system user)",
             url.database or "(the user's name)",
             f"{timeout}s (connect_timeout)" if isinstance(timeout, str) else "the timeout",
             isinstance(sslmode, str) and sslmode in _TLS_REQUIRED,
         )
+
+
+def _servers(url: URL) -> tuple[list[str], list[str]]:
+    """The hosts the URL names, and each as ``host:port`` (a socket's directory as it is): one,
+    or several in the query (``?host=h1:p1&host=h2:p2``, or ``?host=h1,h2&port=p1,p2``)."""
+    listed = url.query.get("host")
+    if url.host or not listed:  # the authority's one host (an IPv6 address holds colons)
+        host = url.host or "localhost"
+        return [host], [f"{host}:{url.port or 5432}"]
+    entries = list(listed) if isinstance(listed, tuple) else listed.split(",")
+    given = url.query.get("port")
+    ports = given.split(",") if isinstance(given, str) else ["5432"]
+    hosts, where = [], []
+    for i, entry in enumerate(entries):
+        host, _, port = entry.partition(":")
+        hosts.append(host)
+        if not port:
+            port = ports[i] if i < len(ports) else ports[-1]
+        where.append(host if host.startswith("/") else f"{host}:{port}")
+    return hosts, where
 
 
 def _by_sqlstate(sqlstate: str, orig: psycopg.Error, target: _Target) -> Problem | None:
@@ -142,6 +164,12 @@ def _refused(pgconn: psycopg.pq.abc.PGconn, reason: str, target: _Target) -> Pro
             f"PostgreSQL at {target.where} turned the connection away ({SETTING}): {said}:"
             " try again once it is up, or ask its administrator"
         )
+    if _READ_ONLY.search(reason):
+        return Problem(
+            f"no PostgreSQL at {target.where} takes writes ({SETTING}, target_session_attrs):"
+            f" {reason}: a standby answered where the primary is needed: wait for a standby"
+            " to be promoted, or name the primary's host"
+        )
     if target.tls_required and "SSL" in reason:
         return Problem(
             f"PostgreSQL at {target.where} does not offer TLS, which {SETTING} requires"
@@ -170,7 +198,11 @@ def _login_refused(target: _Target, reason: str) -> Problem:
 
 def _libpq_reason(pgconn: psycopg.pq.abc.PGconn, orig: psycopg.Error) -> str:
     """libpq's reason for the failed attempt: its message's first line, past the address
-    (``connection to server at "h" (a), port p failed: REASON``)."""
+    (``connection to server at "h" (a), port p failed: REASON``); with several servers tried,
+    each one's, in the order tried (psycopg lists them after its first line)."""
+    tried = dict.fromkeys(_ATTEMPT.findall(str(orig).partition("All failures were:")[2]))
+    if len(tried) > 1:
+        return "; ".join(f"{host}:{port}: {why.strip()}" for host, port, why in tried)
     message = pgconn.error_message.decode(errors="replace") or str(orig)
     return _first_line(message).rpartition(" failed: ")[2].strip()
 

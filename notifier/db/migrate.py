@@ -33,14 +33,18 @@ def migrate(
     say: Callable[[str], object] = print,
 ) -> None:
     """Create the database if it does not exist, then upgrade it to the newest schema; or, with
-    ``down_to`` (a revision such as ``0011``), undo the migrations after that one."""
+    ``down_to`` (a revision such as ``0011``), undo the migrations after that one.
+
+    Without ``database_url``, on ``NOTIFIER_DATABASE_SESSION_URL`` (``NOTIFIER_DATABASE_URL``
+    when unset): a migration reaches the ``postgres`` database, which a pooler may not serve,
+    and builds indexes outside any transaction."""
     # Alembic logs each of its built-in plugins at INFO as it loads them: noise before the
     # one line that says what happened.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic import command
     from alembic.config import Config
 
-    url = make_url(database_url or get_settings().database_url)
+    url = make_url(database_url or get_settings().session_database_url)
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         exists = conn.execute(

@@ -6,7 +6,8 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, text
-from sqlalchemy.engine import make_url
+
+from notifier.db.engine import own_connection
 
 NEXT_WAKE = text(
     """
@@ -22,12 +23,7 @@ WAKE_CHANNEL = "notifier_wake"
 
 def listen(database_url: str) -> psycopg.Connection[Any]:
     """A connection of its own, LISTENing for the wake-ups of inserted rows."""
-    conn = psycopg.connect(
-        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False),
-        autocommit=True,
-        connect_timeout=10,
-        application_name="notifier-wake",
-    )
+    conn = own_connection(database_url, application_name="notifier-wake")
     conn.execute(f"LISTEN {WAKE_CHANNEL}")
     return conn
 

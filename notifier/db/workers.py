@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, text
-from sqlalchemy.engine import make_url
 
+from notifier.db.engine import own_connection
 from notifier.db.sql import for_driver
 
 #: A SQL condition on ``workers AS w``: that worker process is gone (see the module docstring).
@@ -72,12 +72,7 @@ BeatConnection = psycopg.Connection[Any]
 
 def connect(database_url: str) -> psycopg.Connection[Any]:
     """The heartbeat's connection of its own: a busy engine pool cannot delay a beat."""
-    return psycopg.connect(
-        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False),
-        autocommit=True,
-        connect_timeout=10,
-        application_name="notifier-heartbeat",
-    )
+    return own_connection(database_url, application_name="notifier-heartbeat")
 
 
 def beat(conn: psycopg.Connection[Any], name: str, grace_seconds: float) -> None:

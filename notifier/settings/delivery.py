@@ -3,18 +3,22 @@ sent, retried and deferred, rewritten before a send, rate-limited, and kept afte
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode
 
 from notifier.settings.parsed import parsed
 from notifier.specs import (
+    SENTINELS_SYNTAX,
+    Address,
     Warmup,
     Window,
     parse_failover,
     parse_limits,
     parse_overrides,
+    parse_sentinel_master,
+    parse_sentinels,
     parse_warmups,
 )
 
@@ -26,8 +30,43 @@ class DeliverySettings(BaseSettings):
     """PostgreSQL holding the ``notifications`` table; ``postgresql://`` or
     ``postgresql+psycopg://``."""
 
+    database_pooler: Literal["none", "transaction"] = "none"
+    """What ``database_url`` reaches: ``none``, PostgreSQL itself (or a pooler in session
+    mode); ``transaction``, a pooler in transaction mode (PgBouncer's ``pool_mode =
+    transaction``), which hands each transaction whichever server connection is free. Then
+    notifier prepares no statement (psycopg would, after a statement's fifth run, on a server
+    connection the next run may not get), and what needs a session of its own (the workers'
+    ``LISTEN``, a campaign launch's lock, ``notifier migrate``) uses
+    ``database_session_url``, which must then be set. See docs/pgbouncer.md."""
+
+    database_session_url: str | None = Field(None, validate_default=True)
+    """PostgreSQL for what must keep one server connection for a while: the workers' wake-up
+    ``LISTEN``, a campaign launch's advisory lock, ``notifier migrate``. PostgreSQL directly, or
+    a pooler in session mode. Unset: ``database_url``, which is right unless that goes through
+    a transaction pooler (``database_pooler``)."""
+
     redis_url: str = "redis://localhost:6379/0"
-    """Redis: the Celery broker, and the home of the dispatcher's wake-up flag."""
+    """Redis: the Celery broker, and the home of the rate limits, frequency caps, metrics and
+    the dispatcher's wake-up flag. Not read when ``redis_sentinels`` is set."""
+
+    redis_sentinels: Annotated[list[Address], NoDecode, parsed(parse_sentinels)] = Field(
+        default_factory=list
+    )
+    """Redis Sentinels that name the current primary, in place of ``redis_url``:
+    ``sentinel-1:26379,sentinel-2:26379,sentinel-3:26379``. Every Redis client of notifier, the
+    Celery broker's included, asks them where the primary is and follows it through a failover
+    (docs/redis-failover.md). Empty (the default): ``redis_url``."""
+
+    redis_sentinel_master: Annotated[str | None, parsed(parse_sentinel_master)] = None
+    """The name the Sentinels monitor the primary under (their ``sentinel monitor NAME ...``);
+    needed with ``redis_sentinels``, and only with them."""
+
+    redis_sentinel_password: str | None = None
+    """Password of the primary and its replicas (their ``requirepass``), reached through the
+    Sentinels; the Sentinels themselves are asked without one."""
+
+    redis_sentinel_db: int = Field(0, ge=0)
+    """The database number on the primary, reached through the Sentinels."""
 
     dispatch_interval: float = Field(30.0, gt=0)
     """Seconds between two beat-fired dispatches: the safety net that finds due rows."""
@@ -147,3 +186,46 @@ class DeliverySettings(BaseSettings):
 
     audience_query_timeout: float = Field(300.0, gt=0)
     """Seconds an audience ``--query`` may run (its ``statement_timeout``) before it is stopped."""
+
+    @property
+    def session_database_url(self) -> str:
+        """Where what needs a session of its own connects (``database_session_url``)."""
+        return self.database_session_url or self.database_url
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether ``database_url`` goes through a pooler in transaction mode."""
+        return self.database_pooler == "transaction"
+
+    @field_validator("database_session_url")
+    @classmethod
+    def _session_behind_a_pooler(cls, url: str | None, info: ValidationInfo) -> str | None:
+        """A transaction pooler needs a session URL beside it: through the pooler a LISTEN
+        would hear nothing once its transaction ended, and a launch's lock would stay on a
+        server connection other clients get (docs/pgbouncer.md)."""
+        if url is None and info.data.get("database_pooler") == "transaction":
+            raise ValueError(
+                "needed with NOTIFIER_DATABASE_POOLER=transaction: set it to PostgreSQL's own"
+                " address (or a session-mode pool) for LISTEN, launches and migrate"
+            )
+        return url
+
+    @field_validator("redis_sentinel_master")
+    @classmethod
+    def _master_with_sentinels(cls, name: str | None, info: ValidationInfo) -> str | None:
+        """The Sentinels and the master's name go together: one without the other is a switch
+        to Sentinel (or away from it) half made, which would leave notifier on a Redis nobody
+        meant, or on none."""
+        if "redis_sentinels" not in info.data:  # refused already, and named for it
+            return name
+        if info.data["redis_sentinels"] and name is None:
+            raise ValueError(
+                "needed with NOTIFIER_REDIS_SENTINELS: set it to the name of the Sentinels'"
+                " 'sentinel monitor NAME ...' line, e.g. mymaster"
+            )
+        if name is not None and not info.data["redis_sentinels"]:
+            raise ValueError(
+                f"has no Sentinels to ask: set NOTIFIER_REDIS_SENTINELS to {SENTINELS_SYNTAX},"
+                " or unset this to use NOTIFIER_REDIS_URL"
+            )
+        return name

@@ -46,10 +46,24 @@ class Settings(SurfaceSettings, PeopleSettings, ChannelSettings, DeliverySetting
     @field_validator("database_url")
     @classmethod
     def _use_psycopg3(cls, url: str) -> str:
-        """Accept the plain ``postgresql://`` spelling and run it on psycopg 3."""
+        """Accept the plain ``postgresql://`` spelling and run it on psycopg 3. Several hosts
+        go in the query, where SQLAlchemy reads them: libpq's ``h1:p1,h2:p2`` in the authority
+        would fail later on a port that is not a number."""
         for prefix in ("postgresql://", "postgres://"):
             if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix) :]
+                url = "postgresql+psycopg://" + url[len(prefix) :]
         if not url.startswith("postgresql+psycopg://"):
             raise ValueError("must be a postgresql:// or postgresql+psycopg:// URL")
+        authority = url.removeprefix("postgresql+psycopg://").partition("/")[0]
+        if "," in authority.rpartition("@")[2]:  # a password may hold a comma
+            raise ValueError(
+                "several hosts go in the query: postgresql://USER@/DB"
+                "?host=H1:P1&host=H2:P2&target_session_attrs=read-write"
+            )
         return url
+
+    @field_validator("database_session_url")
+    @classmethod
+    def _session_on_psycopg3(cls, url: str | None) -> str | None:
+        """The session URL is spelled, and read, like ``database_url``."""
+        return None if url is None else cls._use_psycopg3(url)

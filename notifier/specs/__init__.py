@@ -1,6 +1,7 @@
 """The small grammars of notifier's settings, each parsed by one function that names what it
 expects when it refuses: failover chains, recipient overrides, rate windows, locales,
-categories, networks, the status webhook's events, and the console's users and host names.
+categories, networks, the status webhook's events, the Redis Sentinels, and the console's users
+and host names.
 
 Imports nothing of notifier, so that ``notifier.settings`` can check a value at start-up.
 """
@@ -35,13 +36,21 @@ from notifier.specs.rates import (
     parse_warmups,
     parse_window,
 )
+from notifier.specs.sentinels import (
+    SENTINELS_SYNTAX,
+    Address,
+    parse_sentinel_master,
+    parse_sentinels,
+)
 
 __all__ = [
     "CATEGORY_PATTERN",
     "HOST_SYNTAX",
     "PROFILE_PATTERN",
+    "SENTINELS_SYNTAX",
     "STATUS_EVENTS",
     "WARMUP_SYNTAX",
+    "Address",
     "Cap",
     "HostPattern",
     "QuietWindow",
@@ -65,6 +74,8 @@ __all__ = [
     "parse_profile_id",
     "parse_quiet_hours",
     "parse_quiet_window",
+    "parse_sentinel_master",
+    "parse_sentinels",
     "parse_status_events",
     "parse_time_zone",
     "parse_users",

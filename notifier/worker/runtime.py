@@ -7,8 +7,8 @@ pool processes, where it sets ``STOPPING``: the dispatch under way claims nothin
 sends in progress finish and hands its unstarted rows back at once.
 
 Failing closed: before each claim and each batch's sends the dispatcher pings Redis
-(``redis_gate``); if Redis cannot be reached nothing is sent and claimed rows go back to
-``pending`` without using up an attempt.
+(``redis_gate``); if Redis cannot be reached (under Sentinel: while no primary is named, during
+a failover) nothing is sent and claimed rows go back to ``pending`` without using up an attempt.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import billiard.process
 import redis
 from celery import signals
 
-from notifier import db, eventloop, logs, metrics
+from notifier import db, eventloop, logs, metrics, redis_access
 from notifier.db import workers
 from notifier.delivery import guards
 from notifier.delivery.caps import FrequencyCaps
@@ -105,9 +105,8 @@ def redis_gate() -> None:
 
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(
-        get_settings().redis_url, socket_timeout=5, socket_connect_timeout=5
-    )
+    """This process's client of the current Redis primary (one server, or Sentinel's pick)."""
+    return redis_access.client(get_settings(), timeout=5)
 
 
 @signals.worker_ready.connect
@@ -154,7 +153,8 @@ def _configure_logging(logger: logging.Logger, **_: Any) -> None:
 @signals.celeryd_after_setup.connect
 def _check_connection_budget(instance: Any, **_: Any) -> None:
     """Refuse to start when the expected workers could open more database connections than
-    PostgreSQL allows; warn when close. Once the pool's size is known, before it starts."""
+    PostgreSQL allows (behind a transaction pooler: than the pooler and PostgreSQL allow);
+    warn when close. Once the pool's size is known, before it starts."""
     settings = get_settings()
     prefork = "prefork" in getattr(instance.pool_cls, "__module__", "")
     wanted = budget.Budget(
@@ -168,7 +168,11 @@ def _check_connection_budget(instance: Any, **_: Any) -> None:
     except Exception as exc:  # the database is not there yet: the worker waits for it
         log.warning("could not check PostgreSQL's connection limit: %s", exc)
         return
-    found = budget.verdict(wanted, limits)
+    if settings.transaction_pooled:
+        pooler = budget.read_pooler(settings.database_url)
+        found = budget.pooled_verdict(wanted, pooler, limits)
+    else:
+        found = budget.verdict(wanted, limits)
     if found is None:
         return
     level, line = found

@@ -57,7 +57,7 @@ def _start_waker(**_: Any) -> None:
     global _waker
     settings = get_settings()
     if settings.wake_on_insert and _waker is None:
-        _waker = Waker(db.engine(), settings.database_url, _keep_one_waiting)
+        _waker = Waker(db.engine(), settings.session_database_url, _keep_one_waiting)
         _waker.start()
     try:
         _keep_one_waiting()

@@ -32,7 +32,12 @@ RESYNC_SECONDS = 60.0
 
 
 class Waker(threading.Thread):
-    """Calls ``wake()`` whenever pending rows are or become due. Stops with ``stop()``."""
+    """Calls ``wake()`` whenever pending rows are or become due. Stops with ``stop()``.
+
+    It LISTENs on ``database_url``, which must keep one server connection for it: PostgreSQL
+    itself or a session-mode pool (``NOTIFIER_DATABASE_SESSION_URL``), never a transaction
+    pooler, which gives the server connection that LISTENed to other clients as soon as the
+    statement is done: the wake-ups would reach them, or nobody. Its re-reads use ``engine``."""
 
     def __init__(self, engine: Engine, database_url: str, wake: Callable[[], None]) -> None:
         super().__init__(name="notifier-waker", daemon=True)
