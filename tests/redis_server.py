@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -24,25 +25,32 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """``redis-server`` on 127.0.0.1 at a port of its own; ``stop`` and ``start`` for faults."""
+    """``redis-server`` on 127.0.0.1 (or ``host``) at a port of its own; ``stop`` and ``start``
+    for faults."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str, host: str = "127.0.0.1", inside: Sequence[str] = ()) -> None:
+        """``options``: more of ``redis-server``'s, e.g. ``--replicaof 127.0.0.1 6379``.
+        ``host``: the one address it listens on; ``inside``: what it runs under, e.g. ``ip
+        netns exec NAME`` to run on a test host (``tests.testhosts``)."""
+        self.host = host
+        self.inside = list(inside)
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH; install Redis to run the tests")
         self.binary = binary
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="notifier-test-redis-"))
+        self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+            *self.inside, self.binary, "--port", str(self.port), "--bind", self.host,
+            "--save", "", "--appendonly", "no", "--dir", str(self.dir), *self.options,
         ]  # fmt: skip
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -66,7 +74,7 @@ class RedisServer:
 
     def alive(self) -> bool:
         try:
-            return bool(redis.Redis(port=self.port, socket_timeout=1).ping())
+            return bool(redis.Redis(host=self.host, port=self.port, socket_timeout=1).ping())
         except redis.RedisError:
             return False
 
