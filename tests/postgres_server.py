@@ -7,6 +7,9 @@ that one. As root the cluster runs as the ``postgres`` user, as initdb requires.
 
 A failover test adds a streaming standby of such a cluster (``standby``) and promotes it
 (``promote``) once the primary is stopped.
+
+A test of several hosts runs one on a test host (``tests.testhosts``): ``inside`` that host,
+listening on its ``host`` address, taking logins from the other hosts' ``clients`` networks.
 """
 
 from __future__ import annotations

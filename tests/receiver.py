@@ -26,6 +26,8 @@ class Receiver:
     #: seconds each request waits before it is answered
     delay: float = 0.0
     status: int = 200
+    #: the address it listens on: loopback, or one that test hosts reach (``tests.testhosts``)
+    host: str = "127.0.0.1"
     deliveries: list[tuple[str, float, float]] = field(default_factory=list)
     """(webhook-id, time the request arrived, time it was answered), monotonic."""
     requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
@@ -74,14 +76,14 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._server = _Server((self.host, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        return f"http://{self.host}:{self._server.server_address[1]}/hook"
 
     def stop(self) -> None:
         if self._server is not None:
@@ -100,6 +102,15 @@ class Receiver:
     def counts(self) -> Counter[str]:
         with self._lock:
             return Counter(d[0] for d in self.deliveries)
+
+    def arrivals(self) -> Counter[str]:
+        """webhook-id -> requests received, answered or not: a sender that never saw the
+        answer (its network cut while it waited) has delivered all the same."""
+        with self._lock:
+            return Counter(
+                next((v for k, v in headers.items() if k.lower() == "webhook-id"), "?")
+                for headers, _ in self.requests
+            )
 
     def arrived(self) -> int:
         """Requests received so far, answered or not."""
