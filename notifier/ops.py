@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from notifier.db import bulk, rows, status_events
+from notifier.db import bulk, history, rows, status_events
 from notifier.db.bulk import Snapshot
 from notifier.db.sql import like_escape
 from notifier.db.stats import QueueStats, outcomes_per_minute, queue_stats
@@ -303,6 +303,7 @@ class Purge:
     #: rows that finished before these times, by status
     before: dict[str, datetime]
     deleted: dict[str, int]
+    #: attempts dropped with their weeks of history (``history.maintain``)
     attempts: int = 0
     #: the highest id deleted: where a purge that ran out of time resumes
     last_id: int = 0
@@ -323,8 +324,9 @@ def purge(
     after: int = 0,
     progress: Progress | None = None,
 ) -> Purge:
-    """Delete finished rows past their status's retention, with their attempt history, and
-    the status webhook's sent and dead events past the same retention.
+    """Delete finished rows past their status's retention and the status webhook's sent and
+    dead events past the same retention; then drop the weeks of attempt history past
+    ``NOTIFIER_RETENTION_HISTORY_DAYS`` and make the weeks ahead (``history.maintain``).
 
     A row is past retention when its ``updated_at`` (when it became sent, dead or cancelled)
     is older than ``NOTIFIER_RETENTION_<STATUS>_DAYS``. ``pending`` and ``processing`` rows are
@@ -339,18 +341,18 @@ def purge(
             str(s): now - timedelta(days=getattr(settings, name)) for s, name in RETENTION.items()
         }
         if dry_run:
-            deleted, attempts = bulk.count_expired(conn, before)
-            return Purge(before, _by_status(deleted), attempts, after, dry_run=True)
+            deleted = bulk.count_expired(conn, before)
+            weeks = history.maintain(conn, settings.retention_history_days, dry_run=True)
+            return Purge(before, _by_status(deleted), _dropped(weeks), after, dry_run=True)
     result = Purge(before, _by_status({}), last_id=after)
     while True:
         if budget_seconds is not None and time.monotonic() - started >= budget_seconds:
             result.finished = False
             break
         with engine.begin() as conn:
-            deleted, attempts, last = bulk.purge_expired(conn, before, result.last_id, batch_size)
+            deleted, last = bulk.purge_expired(conn, before, result.last_id, batch_size)
         for status, n in deleted.items():
             result.deleted[status] += n
-        result.attempts += attempts
         result.last_id = last
         if progress is not None:
             progress(sum(result.deleted.values()))
@@ -361,6 +363,12 @@ def purge(
             n = status_events.purge(conn, before, batch_size)
         result.status_events += n
         if n < batch_size:
+            break
+    while result.finished:  # weeks, not rows: one a transaction, whatever it holds
+        with engine.begin() as conn:
+            weeks = history.maintain(conn, settings.retention_history_days, drops=1)
+        result.attempts += _dropped(weeks)
+        if not any(w.action == "dropped" for w in weeks):
             break
     log.info(
         "purge sent=%d dead=%d cancelled=%d attempts=%d status_events=%d finished=%s took=%.1fs",
@@ -379,6 +387,11 @@ def purge(
         },
     )
     return result
+
+
+def _dropped(weeks: list[history.Week]) -> int:
+    """Attempts the weeks dropped (or would drop) held, and the default partition's deleted."""
+    return sum(w.attempts for w in weeks if w.action in ("dropped", "deleted"))
 
 
 def _by_status(counts: dict[str, int]) -> dict[str, int]:

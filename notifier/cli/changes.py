@@ -339,12 +339,13 @@ def _change(
 
 @click.command(
     cls=Command,
-    short_help="Delete finished rows past their retention, with their history.",
+    short_help="Delete finished rows past their retention, and old weeks of history.",
     help="Delete sent, dead and cancelled rows that finished longer ago than"
     " NOTIFIER_RETENTION_SENT_DAYS (30), NOTIFIER_RETENTION_DEAD_DAYS (365) and"
-    " NOTIFIER_RETENTION_CANCELLED_DAYS (30), and their attempt history, in batches, each its"
-    " own transaction. Pending and processing rows are never touched. Beat also runs this"
-    " daily at 03:17 UTC.\n\nExample: notifier purge --dry-run",
+    " NOTIFIER_RETENTION_CANCELLED_DAYS (30), in batches, each its own transaction; then drop"
+    " the weeks of attempt history older than NOTIFIER_RETENTION_HISTORY_DAYS (90), a week at"
+    " a time, and make the weeks ahead. Pending and processing rows are never touched. Beat"
+    " also runs this daily at 03:17 UTC.\n\nExample: notifier purge --dry-run",
 )
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted; delete nothing.")
 @click.option(

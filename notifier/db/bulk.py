@@ -93,8 +93,7 @@ _EXPIRED = """
 
 COUNT_EXPIRED = text(
     f"""
-    SELECT status, count(*),
-           sum((SELECT count(*) FROM notification_attempts a WHERE a.notification_id = n.id))
+    SELECT status, count(*)
       FROM notifications n
      WHERE {_EXPIRED}
      GROUP BY status
@@ -110,12 +109,8 @@ PURGE_EXPIRED = text(
                        ORDER BY id LIMIT :limit
                          FOR UPDATE SKIP LOCKED)
         RETURNING id, status
-    ), history AS (
-        DELETE FROM notification_attempts a USING doomed d
-         WHERE a.notification_id = d.id
-        RETURNING a.id
     )
-    SELECT d.status, count(*), max(d.id), (SELECT count(*) FROM history)
+    SELECT d.status, count(*), max(d.id)
       FROM doomed d
      GROUP BY d.status
     """
@@ -168,23 +163,22 @@ def cancel_waiting(
     return _ids(conn.execute(CANCEL_WAITING, values).all())
 
 
-def count_expired(conn: Connection, before: dict[str, datetime]) -> tuple[dict[str, int], int]:
-    """What a purge with these cut-offs would delete: rows by status, and attempt rows."""
+def count_expired(conn: Connection, before: dict[str, datetime]) -> dict[str, int]:
+    """What a purge with these cut-offs would delete: rows by status."""
     rows = conn.execute(COUNT_EXPIRED, _cutoffs(before)).all()
-    return {s: int(n) for s, n, _ in rows}, sum(int(a) for _, _, a in rows)
+    return {s: int(n) for s, n in rows}
 
 
 def purge_expired(
     conn: Connection, before: dict[str, datetime], after: int, limit: int
-) -> tuple[dict[str, int], int, int]:
+) -> tuple[dict[str, int], int]:
     """Delete up to ``limit`` finished rows above id ``after`` that finished before their
-    status's cut-off (``updated_at``), with their attempts: ``(rows by status, attempt rows,
-    highest id deleted)``."""
+    status's cut-off (``updated_at``): ``(rows by status, highest id deleted)``. Their history
+    stays with its week (``history.maintain``)."""
     rows = conn.execute(PURGE_EXPIRED, {**_cutoffs(before), "after": after, "limit": limit}).all()
-    deleted = {s: int(n) for s, n, _, _ in rows}
-    last = max((int(m) for _, _, m, _ in rows), default=after)
-    attempts = int(rows[0][3]) if rows else 0
-    return deleted, attempts, last
+    deleted = {s: int(n) for s, n, _ in rows}
+    last = max((int(m) for _, _, m in rows), default=after)
+    return deleted, last
 
 
 def _cutoffs(before: dict[str, datetime]) -> dict[str, datetime]:

@@ -232,7 +232,13 @@ campaign_chunks = Table(
 notification_attempts = Table(
     "notification_attempts",
     metadata,
-    Column("id", BigInteger, Identity(always=False), nullable=False),
+    # A sequence, not an identity: PostgreSQL 15 has none on a partitioned table (0027).
+    Column(
+        "id",
+        BigInteger,
+        nullable=False,
+        server_default=text("nextval('notification_attempts_id_seq'::regclass)"),
+    ),
     Column("notification_id", BigInteger, nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("at", DateTime(timezone=True), nullable=False, server_default=_now),
@@ -248,15 +254,17 @@ notification_attempts = Table(
         " 'fanned_out')",
         name="notification_attempts_outcome",
     ),
-    # One B-tree, which serves a row's story and the purge; the table is appended to in time
-    # order, so a BRIN index finds a time range at next to no cost per insert (migration 0015).
-    PrimaryKeyConstraint("notification_id", "id", name="notification_attempts_pkey"),
+    # A row's story, by notification; the table is appended to in time order, so a BRIN index
+    # finds a time range at next to no cost per insert (0015). A week to a partition, dropped
+    # whole when past its retention (0027: ``history.py``).
+    Index("notification_attempts_by_notification", "notification_id", "id"),
     Index(
         "notification_attempts_at",
         "at",
         postgresql_using="brin",
         postgresql_with={"autosummarize": "on"},
     ),
+    postgresql_partition_by="RANGE (at)",
 )
 
 templates = Table(

@@ -175,14 +175,20 @@ class DeliverySettings(BaseSettings):
     tightest wins); ``notifier stats`` shows the day and today's rate."""
 
     retention_sent_days: float = Field(30.0, gt=0)
-    """``notifier purge`` and the daily ``notifier.purge`` task delete ``sent`` rows, and their
-    attempt history, this many days after they were sent."""
+    """``notifier purge`` and the daily ``notifier.purge`` task delete ``sent`` rows this many
+    days after they were sent."""
 
     retention_dead_days: float = Field(365.0, gt=0)
-    """Days a ``dead`` row (and its history) is kept after it died, for ``notifier requeue``."""
+    """Days a ``dead`` row is kept after it died, for ``notifier requeue`` (its last error is
+    on the row; its attempts go with the history's retention)."""
 
     retention_cancelled_days: float = Field(30.0, gt=0)
-    """Days a ``cancelled`` row (and its history) is kept after it was cancelled."""
+    """Days a ``cancelled`` row is kept after it was cancelled."""
+
+    retention_history_days: int = Field(90, ge=7, le=3650)
+    """Days the attempt history is kept, whatever its row's own retention: a week of history
+    (a partition, Monday to Monday UTC) is dropped whole once all of it is older than this
+    (``notifier purge``, daily), so a week is kept up to seven days longer."""
 
     audience_query_timeout: float = Field(300.0, gt=0)
     """Seconds an audience ``--query`` may run (its ``statement_timeout``) before it is stopped."""

@@ -16,7 +16,18 @@ from notifier.models import Status
 
 def test_migrations_match_the_models(engine: Engine) -> None:
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+        # The history's weeks are partitions the database makes and drops (migration 0027):
+        # the model is the partitioned table they belong to.
+        weeks = set(
+            conn.execute(text("SELECT relname FROM pg_class WHERE relispartition")).scalars()
+        )
+        assert {"notification_attempts_before", "notification_attempts_default"} <= weeks
+
+        def modelled(name: str | None, kind: str, _: object) -> bool:
+            return not (kind == "table" and name in weeks)
+
+        context = MigrationContext.configure(conn, opts={"include_name": modelled})
+        diff = compare_metadata(context, metadata)
     assert diff == []
 
 
