@@ -23,9 +23,8 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from notifier.db.engine import driver
+from notifier.db.engine import driver, driver_errors
 
 #: The connection statements are queued on inside ``one_trip``.
 Trip = psycopg.Connection[Any]
@@ -37,20 +36,19 @@ def one_trip(engine: Engine) -> Iterator[Trip]:
     with engine.connect() as conn:
         raw = driver(conn)
         try:
-            raw.autocommit = True  # the BEGIN below is the transaction's, sent with the rest
-            with raw.pipeline():
-                raw.execute("BEGIN")
-                yield raw
-                raw.execute("COMMIT")
-            raw.autocommit = False
-        except psycopg.Error as exc:
-            conn.invalidate()
-            if raw.closed or raw.broken:  # the server went away: so did the pool's other ones
-                engine.dispose()
-            error = DBAPIError.instance(
-                None, None, exc, psycopg.Error, connection_invalidated=True, dialect=engine.dialect
-            )
-            raise error from exc
+            with driver_errors(conn):
+                try:
+                    # The BEGIN below is the transaction's, sent with the rest.
+                    raw.autocommit = True
+                    with raw.pipeline():
+                        raw.execute("BEGIN")
+                        yield raw
+                        raw.execute("COMMIT")
+                    raw.autocommit = False
+                except psycopg.Error:
+                    if raw.closed or raw.broken:  # the server went away: so did the pool's others
+                        engine.dispose()
+                    raise
         except BaseException:
-            conn.invalidate()
+            conn.invalidate()  # whatever state the trip left it in, it is not handed out again
             raise
