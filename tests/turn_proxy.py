@@ -1,9 +1,12 @@
 """A TCP proxy in front of PostgreSQL that counts round trips as they happen on the wire.
 
 A round trip is a turn of the conversation: the client sends, then waits for the server's
-answer. On each connection the proxy counts the times the client starts sending after the
-server has spoken (or first), so a statement sent on its own is one, and statements sent
-together in one flight (a pipeline, or several in one simple query) are one as well. A
+answer. On each connection the proxy counts the times the client starts sending after it has
+asked for an answer (a ``Sync``, a ``Flush``, a simple ``Query``, the start-up or a password
+message) and the server has spoken since, or first. So a statement sent on its own is one, and
+statements sent together in one flight (a pipeline, or several in one simple query) are one as
+well, even when the server answers the flight's first statements before its last ones arrive
+(as it does when the client is slow to write them: it has not waited for that answer). A
 ``BEGIN``, a ``COMMIT``, a ping or a ``SET`` sent on its own each count, as they each cost a
 wait for the server: what a network hop between a worker and its database multiplies.
 
@@ -59,12 +62,52 @@ def _readable(data: bytes) -> str:
     return " ".join(text.split())[:120]
 
 
+#: The client's messages after which it waits for the server: the start-up (which has no type
+#: byte, 0 here), ``Sync``, ``Flush``, a simple ``Query``, a password or SASL answer.
+_ASKING = frozenset({0, *b"SHQp"})
+
+
+class _ClientMessages:
+    """The types of the messages in a client's byte stream, read across ``recv`` chunks: a
+    message is its type byte and a length that counts itself but not the type (the first
+    message, the start-up, has no type byte)."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.head = b""  # the part of a message's header read so far
+        self.skip = 0  # the bytes of the current message's body still to come
+
+    def types(self, data: bytes) -> list[int]:
+        found: list[int] = []
+        i = 0
+        while i < len(data):
+            if self.skip:
+                step = min(self.skip, len(data) - i)
+                self.skip -= step
+                i += step
+                continue
+            header = 5 if self.started else 4
+            take = data[i : i + header - len(self.head)]
+            self.head += take
+            i += len(take)
+            if len(self.head) < header:
+                break
+            kind = self.head[0] if self.started else 0
+            self.skip = int.from_bytes(self.head[header - 4 :], "big") - 4
+            self.started, self.head = True, b""
+            found.append(kind)
+        return found
+
+
 class _Pair:
     """One client connection and its connection to the server."""
 
     def __init__(self, client: socket.socket, server: socket.socket) -> None:
         self.client, self.server = client, server
-        self.client_turn = False  # the client spoke last
+        self.messages = _ClientMessages()
+        self.first = True  # nothing sent yet
+        self.asked = False  # the client has asked for an answer since its turn began
+        self.answered = False  # and the server has spoken since it asked
 
 
 @contextmanager
@@ -97,11 +140,15 @@ def counting(url: str) -> Iterator[tuple[str, Turns]]:
         if not data:
             close(pair)
             return
-        from_client = source is pair.client
-        if from_client and not pair.client_turn:
-            turns._trip(data)
-        pair.client_turn = from_client
-        (pair.server if from_client else pair.client).sendall(data)
+        if source is pair.client:
+            if pair.first or (pair.asked and pair.answered):
+                turns._trip(data)
+                pair.first = pair.asked = pair.answered = False
+            if not _ASKING.isdisjoint(pair.messages.types(data)):
+                pair.asked = True
+        elif pair.asked:
+            pair.answered = True
+        (pair.server if source is pair.client else pair.client).sendall(data)
 
     def loop() -> None:
         while not stop.is_set():

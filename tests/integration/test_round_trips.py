@@ -32,10 +32,13 @@ BATCH_OF_NULL_ROWS = 3
 
 @pytest.fixture
 def counted(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Turns]]:
-    """The proxy's count, with no look again before a wave: that one comes when a wave starts
-    more than ``RECHECK_AFTER`` after the last look, which a loaded machine's slow batch reaches
-    and a quick one does not (that look is one round trip more, ``Claims.still_wanted``)."""
+    """The proxy's count, with no look again before a wave and no group of outcomes cut short
+    by its age: a look again comes when a wave starts more than ``RECHECK_AFTER`` after the last
+    look, and a group is recorded early once its oldest outcome has waited ``RECORD_WITHIN``,
+    which a loaded machine's slow batch reaches and a quick one does not (each is one round
+    trip more: ``Claims.still_wanted``, ``Recorder.record``)."""
     monkeypatch.setattr("notifier.delivery.dispatcher.RECHECK_AFTER", 3600.0)
+    monkeypatch.setattr("notifier.delivery.batch.RECORD_WITHIN", 3600.0)
     with counting(database_url) as found:
         yield found
 
