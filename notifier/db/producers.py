@@ -66,29 +66,26 @@ def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[in
     return int(existing[0]), False
 
 
-#: What a row to write names, in ``ROW_COLUMNS``' order.
-STAGED = (
-    "channel",
-    "recipient",
-    "subject",
-    "body",
-    "payload",
-    "dedupe_key",
-    "max_attempts",
-    "priority",
-    "send_at",
-    "expires_at",
-    "guard",
-    "template",
-    "locale",
-    "category",
-    "profile",
+#: What a row to write names, with the type it is staged as.
+_STAGED_TYPES = (
+    ("channel", "text"),
+    ("recipient", "text"),
+    ("subject", "text"),
+    ("body", "text"),
+    ("payload", "jsonb"),
+    ("dedupe_key", "text"),
+    ("max_attempts", "integer"),
+    ("priority", "integer"),
+    ("send_at", "timestamptz"),
+    ("expires_at", "timestamptz"),
+    ("guard", "text"),
+    ("template", "text"),
+    ("locale", "text"),
+    ("category", "text"),
+    ("profile", "text"),
 )
-ROW_COLUMNS = (
-    "channel text, recipient text, subject text, body text, payload jsonb, dedupe_key text,"
-    " max_attempts integer, priority integer, send_at timestamptz, expires_at timestamptz,"
-    " guard text, template text, locale text, category text, profile text"
-)
+STAGED = tuple(name for name, _type in _STAGED_TYPES)
+ROW_COLUMNS = ", ".join(f"{name} {type_}" for name, type_ in _STAGED_TYPES)
 
 # Rows in the order given (their ids too, as identity values are drawn in that order); a row
 # whose dedupe_key exists is left out of what comes back. The rows arrive by COPY into a
