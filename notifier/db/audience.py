@@ -21,6 +21,7 @@ from psycopg import sql
 from sqlalchemy import Connection, text
 
 from notifier import db
+from notifier.db.engine import driver_errors
 from notifier.db.sql import for_driver
 from notifier.settings import get_settings
 
@@ -208,7 +209,7 @@ def import_audience(
     fields = [header[i] for i in order[1:]]
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = db.driver(conn)
-    with raw.cursor() as cur:
+    with driver_errors(conn), raw.cursor() as cur:
         names = [f"c{i}" for i in range(len(order))]
         columns = ", ".join(f"{c} text" for c in names)
         cur.execute(f"CREATE TEMP TABLE stage ({columns}, line bigint) ON COMMIT DROP")
@@ -299,7 +300,8 @@ def audience_from_query(
     timeout = get_settings().audience_query_timeout if timeout_seconds is None else timeout_seconds
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = db.driver(conn)
-    raw.execute(QUERIED_STAGE)
+    with driver_errors(conn):
+        raw.execute(QUERIED_STAGE)
     with conn.engine.connect() as reader:
         try:
             source = db.driver(reader)
@@ -335,7 +337,7 @@ def _check_staged(
     full. Read in one pass, ten thousand rows at a time."""
     refused: list[int] = []
     invalid: list[Invalid] = []
-    with db.driver(conn).cursor(name="staged_recipients") as cur:
+    with driver_errors(conn), db.driver(conn).cursor(name="staged_recipients") as cur:
         cur.itersize = 10_000
         cur.execute(STAGED_RECIPIENTS)
         for row, recipient in cur:
@@ -371,7 +373,7 @@ def import_codes(conn: Connection, campaign_id: int, codes: Iterable[str]) -> in
     """COPY codes in, one per item; codes already in the pool are skipped."""
     conn.execute(LOCK_CAMPAIGN, {"id": campaign_id})
     raw = db.driver(conn)
-    with raw.cursor() as cur:
+    with driver_errors(conn), raw.cursor() as cur:
         cur.execute("CREATE TEMP TABLE stage (code text) ON COMMIT DROP")
         with cur.copy("COPY stage (code) FROM STDIN") as copy:
             for code in codes:

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
-from notifier.db import make_engine, queue, suppressions
+from notifier.db import audience, make_engine, queue, suppressions
 from notifier.delivery.durable import each_until_done
 from notifier.models import AttemptOutcome, Decision
 
@@ -67,3 +68,24 @@ def test_a_step_on_a_connection_the_server_ended_is_run_again(
     each_until_done(one_connection, run, within=10)
     assert len(backends) == 2, backends
     assert backends[1] != backend
+
+
+def test_an_audience_copy_cut_off_by_the_server_raises_as_sqlalchemy_does(engine: Engine) -> None:
+    """A campaign's codes (or audience) copied in while PostgreSQL ends the connection: the
+    error is SQLAlchemy's ``OperationalError``, as any statement's, and the connection is
+    discarded, not psycopg's own error on a connection the pool would hand out again."""
+    ended: list[bool] = []
+    with engine.connect() as conn:
+        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+        def codes() -> Iterator[str]:
+            yield "K0"
+            with engine.connect() as admin:  # the fault, for real, mid-COPY
+                stop = text("SELECT pg_terminate_backend(:pid)")
+                ended.append(admin.execute(stop, {"pid": backend}).scalar_one())
+            yield from (f"K{n}" for n in range(1, 50_000))
+
+        with pytest.raises(OperationalError):
+            audience.import_codes(conn, 1, codes())
+        assert ended == [True]
+        assert conn.invalidated
