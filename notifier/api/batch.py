@@ -4,7 +4,9 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
 ``notifier.client.checked_row``), and refused on its own. Then, in the caller's transaction:
 
 1. the items' idempotency keys are held (advisory locks, tried, never waited for: a key that
-   another request holds answers its item 409 ``in_progress``), in one statement;
+   another request holds answers its item 409 ``in_progress``), in one statement; a request
+   of many keys first waits for one of a few batch slots, so that batches never fill the
+   server's lock table (``notifier.db.api.SLOTLESS_KEYS``);
 2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
    key was used with the same request is a replay, with another request refused;
 3. the rest are copied into a staging table and inserted from it in one statement
@@ -92,10 +94,15 @@ def item(
     return Item(check(fields), fields, idempotency_key, dedupe, bodies.request_hash(fields))
 
 
-def write(conn: Connection, key: KeyRow, items: Sequence[Item | ApiError]) -> list[Outcome]:
-    """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal)."""
+def write(
+    conn: Connection, key: KeyRow, items: Sequence[Item | ApiError], slots: int = 1
+) -> list[Outcome]:
+    """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal). A
+    request of many keys first takes one of ``slots`` batch slots (``api.take_batch_slot``)."""
     outcomes: list[Outcome | None] = [i if isinstance(i, ApiError) else None for i in items]
     keyed = sorted({i.dedupe_key for i in items if isinstance(i, Item) and i.dedupe_key})
+    if len(keyed) > api_db.SLOTLESS_KEYS:
+        api_db.take_batch_slot(conn, slots)
     held = api_db.hold_keys(conn, keyed) if keyed else set()
     firsts = api_db.first_requests(conn, sorted(held)) if held else {}
     earlier: dict[str, int] = {}  # a key's first item in this request

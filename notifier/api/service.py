@@ -45,6 +45,7 @@ class Service:
         self.engine = engine
         self.counter = counter
         self.clock = clock
+        self._slots: int | None = None  # batch slots, read from the server at the first batch
 
     # -- who asks ---------------------------------------------------------------------------
 
@@ -113,8 +114,10 @@ class Service:
         keys.must_write(key)
         items = [self._item(key, given) for given in listed]
         with self.engine.begin() as conn:
+            if self._slots is None:
+                self._slots = api_db.batch_slots(conn, self.settings.api_max_batch)
             api_db.name_producer(conn, key.name)
-            outcomes = batch.write(conn, key, items)
+            outcomes = batch.write(conn, key, items, self._slots)
         return [
             {"index": index, "status": "refused", **outcome.document()}
             if isinstance(outcome, ApiError)

@@ -98,6 +98,46 @@ def name_producer(conn: Connection, producer: str) -> None:
 # JSON array is one C call.
 
 
+#: Each key a request holds is one entry in PostgreSQL's lock table until its transaction ends,
+#: and that table is shared by every session of the server: it has room for about
+#: ``max_locks_per_transaction`` x (``max_connections`` + ``max_prepared_transactions``)
+#: entries (6,400 with the defaults; a little more in practice). A dozen batches of 1,000 keys
+#: at once would fill it, and every session of the server (workers, producers) would then fail
+#: to take a lock ("out of shared memory"). So a request with more keys than this first takes
+#: one of a few batch slots (``take_batch_slot``), which keeps the keys held at once by
+#: batches to half the table; requests with fewer keys stay within the 64 entries a session
+#: is budgeted.
+SLOTLESS_KEYS = 64
+
+LOCK_TABLE = text(
+    "SELECT current_setting('max_locks_per_transaction')::int"
+    " * (current_setting('max_connections')::int"
+    " + current_setting('max_prepared_transactions')::int)"
+)
+TRY_BATCH_SLOT = text(
+    "SELECT s FROM generate_series(0, :slots - 1) AS s"
+    " WHERE pg_try_advisory_xact_lock(hashtext('notifier.api.batch'), s) LIMIT 1"
+)
+WAIT_BATCH_SLOT = text(
+    "SELECT pg_advisory_xact_lock(hashtext('notifier.api.batch'),"
+    " CAST(floor(random() * :slots) AS int))"
+)
+
+
+def batch_slots(conn: Connection, max_batch: int) -> int:
+    """How many batches of up to ``max_batch`` keys may hold them at once on this server:
+    half its lock table's worth, and at least one."""
+    table = int(conn.execute(LOCK_TABLE).scalar_one())
+    return max(1, table // (2 * max_batch))
+
+
+def take_batch_slot(conn: Connection, slots: int) -> None:
+    """Hold one of ``slots`` batch slots for this transaction: a free one, else wait for one
+    (as long as the statement timeout allows)."""
+    if conn.execute(TRY_BATCH_SLOT, {"slots": slots}).first() is None:
+        conn.execute(WAIT_BATCH_SLOT, {"slots": slots})
+
+
 def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
     """Hold each of ``dedupe_keys`` for this transaction (advisory locks, tried in the order
     given, never waited for); those it holds now, not those another request holds."""
