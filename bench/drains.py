@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import psycopg
@@ -229,6 +229,23 @@ def workers(
         services.stop()
 
 
+def wait_drained(
+    conn: Conn, services: Services, timeout: float, sample: Callable[[], None]
+) -> bool:
+    """Look every ``POLL`` seconds, after a ``sample()`` (of CPU, memory...), whether a row is
+    still pending or processing, until none is or ``timeout`` seconds have passed; whether it
+    timed out. A worker or beat that exited meanwhile raises a ``SetupError``."""
+    started = time.monotonic()
+    while True:
+        time.sleep(POLL)
+        sample()
+        services.check_alive()
+        if not unfinished(conn):
+            return False
+        if time.monotonic() - started > timeout:
+            return True
+
+
 def drain(
     conn: Conn,
     database: str,
@@ -248,13 +265,11 @@ def drain(
     cpu_backends.start(backend_pids(conn, database))
     server = redis_pid(redis_url) if redis_url else None
     cpu_redis.start([server] if server else [])
-    insert_s, committed = insert_due(conn, rows, channel, recipient, body)
-    started = time.monotonic()
     max_rss = connections = 0
     hwm: dict[str, int] = {}
-    timed_out = False
-    while True:
-        time.sleep(POLL)
+
+    def sample() -> None:
+        nonlocal max_rss, connections
         tree = process_tree(worker)
         max_rss = max(max_rss, sum(proc_status_kib(p, "VmRSS") or 0 for p in tree))
         for pid in tree:
@@ -265,12 +280,10 @@ def drain(
         connections = max(connections, len(backends))
         cpu_backends.sample(backends)
         cpu_redis.sample(list(cpu_redis.first))
-        services.check_alive()
-        if not unfinished(conn):
-            break
-        if time.monotonic() - started > timeout:
-            timed_out = True
-            break
+
+    insert_s, committed = insert_due(conn, rows, channel, recipient, body)
+    started = time.monotonic()
+    timed_out = wait_drained(conn, services, timeout, sample)
     wall = time.monotonic() - started
     last, batches = last_sent_epoch(conn)
     counts = status_counts(conn)

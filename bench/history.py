@@ -76,16 +76,12 @@ import contextlib
 import json
 import math
 import os
-import pwd
 import re
 import shlex
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -104,6 +100,7 @@ import psycopg
 from psycopg import sql
 
 from bench import harness
+from bench.cluster import Cluster
 from bench.common import (
     REPO,
     Conn,
@@ -119,8 +116,8 @@ from bench.common import (
     sqlalchemy_url,
     wait_until,
 )
-from bench.drains import insert_due, unfinished, workers
-from bench.harness import POLL, Bench, Line, fmt_int, positive
+from bench.drains import insert_due, wait_drained, workers
+from bench.harness import Bench, Line, fmt_int, positive
 from notifier.db import queue
 from notifier.db.engine import make_engine
 from notifier.models import AttemptOutcome, Decision
@@ -605,19 +602,13 @@ def drain_due(
     cpu_workers, cpu_backends = CpuMeter(), CpuMeter()
     cpu_workers.start(process_tree(worker))
     cpu_backends.start(backend_pids(conn, database))
-    insert_s, committed = insert_due(conn, rows, "null", "bench")
-    started = time.monotonic()
-    timed_out = False
-    while True:
-        time.sleep(POLL)
+
+    def sample() -> None:
         cpu_workers.sample(process_tree(worker))
         cpu_backends.sample(backend_pids(conn, database))
-        services.check_alive()
-        if not unfinished(conn):
-            break
-        if time.monotonic() - started > 60 + rows / 500:
-            timed_out = True
-            break
+
+    insert_s, committed = insert_due(conn, rows, "null", "bench")
+    timed_out = wait_drained(conn, services, 60 + rows / 500, sample)
     row = conn.execute(
         "SELECT count(*) FILTER (WHERE status = 'sent'),"
         " extract(epoch FROM max(updated_at) FILTER (WHERE status = 'sent'))::float8"
@@ -1091,86 +1082,22 @@ def measure(bench: Bench) -> None:
 # --- the cluster -------------------------------------------------------------------------------
 
 
-def binaries() -> Path:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if found:
-        return found[-1].parent
-    initdb = shutil.which("initdb")
-    if initdb is None:
-        raise SetupError("no initdb found: install PostgreSQL's server package")
-    return Path(initdb).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Cluster:
-    """A PostgreSQL cluster of this run's own: ``initdb`` into a new folder, a free loopback
-    port; as root, run as the ``postgres`` user."""
-
-    def __init__(self, shared_buffers: str) -> None:
-        self.bin = binaries()
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="notifier-bench-history-pg-"))
-        self.data = self.dir / "data"
-        self.settings = {"shared_buffers": shared_buffers, **SERVER}
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            user = pwd.getpwnam("postgres")
-            os.chown(self.dir, user.pw_uid, user.pw_gid)
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}"
-
-    def options(self) -> str:
-        given = " ".join(f"-c {k}={v}" for k, v in self.settings.items())
-        return f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} {given}"
-
-    def pg_ctl(self, *args: str) -> list[str]:
-        return [*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), *args]
-
-    def start(self) -> None:
-        self._run(
-            [*self.as_user, str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-             "-A", "trust", "--no-sync"]
-        )  # fmt: skip
-        self._run(self.pg_ctl("-l", str(self.dir / "log"), "-o", self.options(), "-w", "start"))
-
-    def close(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            subprocess.run(
-                self.pg_ctl("-m", "fast", "-w", "stop"),
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _run(self, argv: list[str]) -> None:
-        done = subprocess.run(argv, capture_output=True, timeout=300, check=False)
-        if done.returncode:
-            said = (done.stderr or done.stdout).decode(errors="replace").strip()[-400:]
-            raise SetupError(f"{Path(argv[len(self.as_user)]).name} failed: {said}")
-
-
 def on_own_cluster(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Start a cluster, run this script again inside it (``NOTIFIER_BENCH_POSTGRES`` naming
     it), stop and remove the cluster (unless ``--keep``). Ctrl-C and SIGTERM are passed on to
     the run inside, which stops what it started."""
     try:
-        cluster = Cluster(args.shared_buffers)
+        cluster = Cluster(
+            {"shared_buffers": args.shared_buffers, **SERVER},
+            prefix="notifier-bench-history-pg-",
+            keep=args.keep,
+        )
     except (SetupError, OSError, KeyError) as exc:
         print(f"setup failed: cannot make a PostgreSQL cluster: {exc}", file=sys.stderr)
         return 1
     try:
         cluster.start()
     except (SetupError, OSError, subprocess.SubprocessError) as exc:
-        cluster.close()
         print(f"setup failed: cannot start a PostgreSQL cluster: {exc}", file=sys.stderr)
         return 1
     try:
@@ -1198,13 +1125,12 @@ def on_own_cluster(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return child.wait()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the clean-up is not to be cut short
-        if args.keep:
+        if cluster.keep:
             print(
                 f"kept the cluster running: {cluster.url}; stop it with"
                 f" {shlex.join(cluster.pg_ctl('-m', 'fast', 'stop'))} and remove {cluster.dir}"
             )
-        else:
-            cluster.close()
+        cluster.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,12 +18,9 @@ trip against such a host, in one run: the same script, a child process of this o
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +28,7 @@ from types import TracebackType
 
 import psycopg
 
+from bench.cluster import Cluster, run
 from bench.common import REPO, SetupError
 
 NETDELAY = Path(os.environ.get("NOTIFIER_BENCH_NETDELAY", REPO.parent / "shared" / "netdelay"))
@@ -38,6 +36,13 @@ NETDELAY = Path(os.environ.get("NOTIFIER_BENCH_NETDELAY", REPO.parent / "shared"
 VETH_MS = 0.1
 #: The longest a benchmark may run against one host (nfqdelay stops after it).
 MOST_SECONDS = 4 * 3600
+#: What the host's server runs with: the machine's server settings that the benchmarks report.
+SERVER = {
+    "autovacuum": "off",
+    "shared_buffers": "128MB",
+    "synchronous_commit": "on",
+    "max_connections": "200",
+}
 
 
 class RemotePostgres:
@@ -48,19 +53,24 @@ class RemotePostgres:
         self.index = index
         self.name = f"nbench{index}"
         self.address = f"10.77.{index}.2"
-        self.dir = Path(tempfile.mkdtemp(prefix="notifier-bench-pg-"))
-        self.data = self.dir / "data"
         self._delay: subprocess.Popen[bytes] | None = None
-        self._bin = _postgres_binaries()
         self._testhost = NETDELAY / "testhost"
         if not self._testhost.exists():
             raise SetupError(
                 f"no {self._testhost}: set NOTIFIER_BENCH_NETDELAY to the netdelay tools' folder"
             )
+        self.cluster = Cluster(
+            SERVER,
+            host=self.address,
+            port=5432,
+            inside=["ip", "netns", "exec", self.name],
+            clients=[f"10.77.{index}.0/24"],
+            shutdown="immediate",
+        )
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@{self.address}:5432"
+        return self.cluster.url
 
     def __enter__(self) -> RemotePostgres:
         try:
@@ -78,20 +88,7 @@ class RemotePostgres:
     def _start(self) -> None:
         self._host("down")
         self._host("up", str(self.index))
-        postgres = pwd.getpwnam("postgres")
-        os.chown(self.dir, postgres.pw_uid, postgres.pw_gid)
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-        _run([*as_postgres, str(self._bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-              "-A", "trust", "--no-sync"])  # fmt: skip
-        with (self.data / "pg_hba.conf").open("a", encoding="utf-8") as hba:
-            hba.write(f"host all all 10.77.{self.index}.0/24 trust\n")
-        options = (
-            f"-c listen_addresses={self.address} -p 5432 -k {self.dir} -c autovacuum=off"
-            " -c shared_buffers=128MB -c synchronous_commit=on -c max_connections=200"
-        )
-        inside = ["ip", "netns", "exec", self.name, *as_postgres]
-        _run([*inside, str(self._bin / "pg_ctl"), "-D", str(self.data), "-l",
-              str(self.dir / "log"), "-o", options, "-w", "start"])  # fmt: skip
+        self.cluster.start()
         each_way_us = max(0, round((self.round_trip_ms - VETH_MS) * 500))
         if each_way_us:
             self._delay = subprocess.Popen(
@@ -120,18 +117,12 @@ class RemotePostgres:
         if self._delay is not None and self._delay.poll() is None:
             self._delay.terminate()
             self._delay.wait(10)
-        if (self.data / "postmaster.pid").exists():
-            subprocess.run(
-                ["runuser", "-u", "postgres", "--", str(self._bin / "pg_ctl"), "-D",
-                 str(self.data), "-m", "immediate", "-w", "stop"],
-                capture_output=True, timeout=60, check=False,
-            )  # fmt: skip
+        self.cluster.close()
         self._host("down")
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _host(self, *args: str) -> None:
         name_args = [args[0], self.name, *args[1:]]
-        _run([str(self._testhost), *name_args], check=args[0] != "down")
+        run([str(self._testhost), *name_args], check=args[0] != "down")
 
 
 def with_round_trips(
@@ -167,20 +158,3 @@ def without_round_trip(argv: Sequence[str]) -> list[str]:
         elif not arg.startswith("--round-trip="):
             kept.append(arg)
     return kept
-
-
-def _postgres_binaries() -> Path:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if found:
-        return found[-1].parent
-    initdb = shutil.which("initdb")
-    if initdb is None:
-        raise SetupError("no initdb found: install PostgreSQL's server package")
-    return Path(initdb).resolve().parent
-
-
-def _run(argv: list[str], *, check: bool = True) -> None:
-    done = subprocess.run(argv, capture_output=True, timeout=300, check=False)
-    if check and done.returncode:
-        said = (done.stderr or done.stdout).decode(errors="replace").strip()[-400:]
-        raise SetupError(f"{' '.join(argv[:4])} ... failed ({done.returncode}): {said}")
