@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+
+from tests.server_process import free_port, start_server, stop_server
 
 
 def binary() -> str | None:
@@ -30,12 +30,6 @@ def binary() -> str | None:
     return shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgBouncer:
@@ -58,7 +52,7 @@ class PgBouncer:
         self.pool_mode = pool_mode
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="notifier-test-pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -86,7 +80,6 @@ class PgBouncer:
                     f"default_pool_size = {self.pool_size}",
                     "reserve_pool_size = 0",
                     f"max_client_conn = {self.max_client_conn}",
-                    f"logfile = {self.dir / 'pgbouncer.log'}",
                     f"pidfile = {self.dir / 'pgbouncer.pid'}",
                     "",
                 ]
@@ -103,17 +96,17 @@ class PgBouncer:
             for path in (self.dir, *self.dir.iterdir()):
                 os.chown(path, user.pw_uid, user.pw_gid)
             args = [self.binary, "-u", "postgres", str(ini)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.show("VERSION")
-                return self
-            except psycopg.OperationalError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"pgbouncer did not start: {self.log()[-2000:]}") from None
-                time.sleep(0.05)
+        self.proc = start_server(
+            args, self.log_path, self._answers, what="pgbouncer", timeout=timeout
+        )
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.show("VERSION")
+        except psycopg.OperationalError:
+            return False
+        return True
 
     def show(self, what: str) -> list[dict[str, Any]]:
         """``SHOW <what>`` on the admin console (``POOLS``, ``CLIENTS``, ``SERVERS``, ...)."""
@@ -126,20 +119,18 @@ class PgBouncer:
         ):
             return cur.execute(f"SHOW {what}").fetchall()
 
+    @property
+    def log_path(self) -> Path:
+        """Where PgBouncer's output goes: it logs to stderr when it runs in the foreground."""
+        return self.dir / "pgbouncer.log"
+
     def log(self) -> str:
-        path = self.dir / "pgbouncer.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None
 
     def close(self) -> None:
         try:

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests.server_process import free_port, listening
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "prometheus"
@@ -38,18 +39,6 @@ needs_prometheus = pytest.mark.skipif(
     (PROMETHEUS is None or PROMTOOL is None) and not os.environ.get("CI"),
     reason="Prometheus is not installed (apt-get install prometheus); CI installs it",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -8,20 +8,14 @@ restart this one, never the machine's.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.server_process import free_port, start_server, stop_server
 
 
 class RedisServer:
@@ -38,7 +32,7 @@ class RedisServer:
         if binary is None:
             raise RuntimeError("redis-server is not on PATH; install Redis to run the tests")
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="notifier-test-redis-"))
         self.options = options
         self.proc: subprocess.Popen[bytes] | None = None
@@ -52,25 +46,16 @@ class RedisServer:
             *self.inside, self.binary, "--port", str(self.port), "--bind", self.host,
             "--save", "", "--appendonly", "no", "--dir", str(self.dir), *self.options,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not self.alive():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.05)
+        log = self.dir / "redis.log"  # a restart's output follows the last start's
+        what = f"redis-server on port {self.port}"
+        self.proc = start_server(args, log, self.alive, what=what, timeout=timeout)
         return self
 
     def stop(self) -> None:
         """Stop the server for real (SIGTERM, then wait for the process to be gone)."""
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None
 
     def alive(self) -> bool:
         try:

@@ -19,7 +19,8 @@ from typing import IO
 
 import redis
 
-from tests.redis_server import RedisServer, _free_port
+from tests.redis_server import RedisServer
+from tests.server_process import free_port
 
 #: The name the Sentinels monitor the primary under.
 MASTER = "notifier-test"
@@ -52,7 +53,7 @@ class SentinelServers:
         # The replica's first sync at once, not after the 5 s Redis waits for more replicas.
         self.primary = RedisServer("--repl-diskless-sync-delay", "0")
         self.replica = RedisServer("--replicaof", "127.0.0.1", str(self.primary.port))
-        self.ports = [_free_port() for _ in range(3)]
+        self.ports = [free_port() for _ in range(3)]
         self.dir = Path(tempfile.mkdtemp(prefix="notifier-test-sentinel-"))
         self.procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []

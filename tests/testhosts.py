@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tests.server_process import stop_server
+
 REPO = Path(__file__).resolve().parents[1]
 #: Where the netdelay tools are looked for, in this order.
 NETDELAY_FOLDERS = [
@@ -179,13 +181,7 @@ class Network:
         """Remove everything ``start`` made, whatever state it is in; processes still running
         on a host (they were started there by this run) are killed first."""
         for delay in self._delays:
-            with contextlib.suppress(ProcessLookupError):
-                delay.terminate()
-            try:
-                delay.wait(10)
-            except subprocess.TimeoutExpired:
-                delay.kill()
-                delay.wait(10)
+            stop_server(delay)
             if delay.stderr is not None:
                 delay.stderr.close()
         self._delays.clear()

@@ -1,4 +1,5 @@
-"""Run notifier the way production does: ``celery -A notifier worker`` and ``beat`` as processes."""
+"""Run notifier the way production does: ``celery -A notifier worker``, ``beat`` and ``flower``
+as processes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -15,6 +17,7 @@ from typing import IO
 import pytest
 from sqlalchemy import Engine, text
 
+from tests.server_process import free_port, listening
 from tests.smtp_sink import SmtpSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,6 +142,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if getattr(report, "when", None) == "call" and getattr(report, "failed", False):
         item.stash[_failed_key] = True
     return report
+
+
+@contextmanager
+def running_flower(env: Mapping[str, str], login: tuple[str, str], log: Path) -> Iterator[int]:
+    """Flower as docker-compose.yml runs it (``celery -A notifier flower``, ``login`` in
+    ``FLOWER_BASIC_AUTH``) with ``env``, on a free loopback port, its output in ``log``: the
+    port, once Flower listens on it (30 s at most). Stopped on the way out: SIGTERM to its
+    process group, SIGKILL after 15 s."""
+    port = free_port()
+    command = [sys.executable, "-m", "celery", "-A", "notifier", "flower"]
+    with log.open("wb") as output:
+        proc = subprocess.Popen(
+            [*command, f"--port={port}", "--address=127.0.0.1"],
+            cwd=REPO,
+            env={**env, "FLOWER_BASIC_AUTH": ":".join(login)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port):
+            said = log.read_text(errors="replace")
+            assert proc.poll() is None, f"Flower exited ({proc.returncode}):\n{said}"
+            assert time.monotonic() < deadline, f"Flower not listening after 30 s:\n{said}"
+            time.sleep(0.2)
+        yield port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _proc_table() -> dict[int, tuple[str, int]]:

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,17 +24,11 @@ from sqlalchemy import Engine
 from notifier import metrics
 from notifier.providers import load_registry
 from notifier.settings import get_settings
-from tests.acceptance.conftest import REPO, Services
+from tests.acceptance.conftest import REPO, Services, running_flower
 from tests.factories import MakeRow
 from tests.prometheus import serve
-from tests.prometheus_server import (
-    RULES,
-    PrometheusServer,
-    free_port,
-    listening,
-    local_config,
-    needs_prometheus,
-)
+from tests.prometheus_server import RULES, PrometheusServer, local_config, needs_prometheus
+from tests.server_process import listening
 
 DASHBOARDS = sorted((REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))
 #: Grafana's own variables, as Grafana fills them in for this datasource: ``$__rate_interval``
@@ -77,30 +67,9 @@ def grafana_filled(expr: str) -> str:
 @pytest.fixture
 def flower(services: Services, tmp_path: Path) -> Iterator[str]:
     """Flower, as the compose service runs it (with a login), watching the test's broker."""
-    port = free_port()
-    log_path = tmp_path / "flower.log"
-    env = {**services.env, "FLOWER_BASIC_AUTH": ":".join(FLOWER_LOGIN)}
-    command = [sys.executable, "-m", "celery", "-A", "notifier", "flower"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [*command, f"--port={port}", "--address=127.0.0.1"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    with running_flower(services.env, FLOWER_LOGIN, tmp_path / "flower.log") as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        assert not listening(port)
+    assert not listening(port)
 
 
 @pytest.fixture

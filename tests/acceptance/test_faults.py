@@ -13,7 +13,6 @@ set, the numbers are also merged into that JSON file under the test's name.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.fault_report import report
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
 from tests.smtp_sink import SmtpSink
@@ -263,16 +263,6 @@ def _stale(log: str) -> list[int]:
     return [int(n) for n in re.findall(r"batch claimed=\d+ .*\bstale=(\d+)", log)]
 
 
-def _report(name: str, numbers: dict[str, Any]) -> None:
-    print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in numbers.items()))
-    path = os.environ.get("NOTIFIER_FAULT_REPORT")
-    if path:
-        file = Path(path)
-        report = json.loads(file.read_text()) if file.exists() and file.stat().st_size else {}
-        report[name] = numbers
-        file.write_text(json.dumps(report, indent=2) + "\n")
-
-
 # --- the faults --------------------------------------------------------------------------------
 
 KILLS = 5
@@ -386,7 +376,7 @@ def test_sigkill_mid_batch_loses_nothing(
     duplicates = sum(c - 1 for c in duplicated.values())
     in_flight = [k["in_flight"] for k in kills]
     stale = _stale(services.log("w1"))
-    _report(
+    report(
         "test_sigkill_mid_batch_loses_nothing" + ("" if webhooks else "_email"),
         {
             "rows": ROWS,
@@ -471,7 +461,7 @@ def test_slow_worker_loses_its_lease(
     wait_for(lambda: row_now()["status"] == "sent", 30, "the row to be sent")
 
     final = row_now()
-    _report(
+    report(
         "test_slow_worker_loses_its_lease",
         {
             "lease_seconds": lease,
@@ -580,7 +570,7 @@ def test_postgres_restart_during_drain(
             ).all()
         )
     log = services.log("w1")
-    _report(
+    report(
         "test_postgres_restart_during_drain",
         {
             "rows": rows,
@@ -675,7 +665,7 @@ def test_hanging_provider_times_out_and_frees_the_slot(
         hang.stop()
 
     log = services.log("w1")
-    _report(
+    report(
         "test_hanging_provider_times_out_and_frees_the_slot",
         {
             "webhook_timeout": timeout,

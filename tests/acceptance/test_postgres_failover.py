@@ -38,7 +38,8 @@ from notifier import metrics
 from notifier.db import stats
 from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
-from tests.acceptance.test_faults import _all_sent, _by_status, _pid, _report
+from tests.acceptance.fault_report import report
+from tests.acceptance.test_faults import _all_sent, _by_status, _pid
 from tests.console_server import Console, console_env
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
@@ -223,7 +224,7 @@ def test_failover_to_a_synchronous_standby_during_drain(
     after_ack = _sent_rows(engine)
     log = services.log("w1")
     duplicates = sorted(k for k, c in counts.items() if c > 1)
-    _report(
+    report(
         "test_failover_to_a_synchronous_standby_during_drain",
         {
             "rows": ROWS,
@@ -356,7 +357,7 @@ def test_asynchronous_standby_loses_what_it_had_not_received(
     finally:
         client.close()
     sent_attempts = sum(int(n) for k, n in counted.items() if k.endswith(b"|sent"))
-    _report(
+    report(
         "test_asynchronous_standby_loses_what_it_had_not_received",
         {
             "inserts_lost": WRITTEN_LATER,

@@ -17,7 +17,6 @@ themselves. It prints one summary line, also merged into ``NOTIFIER_FAULT_REPORT
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -33,6 +32,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from notifier.db.migrate import migrate
 from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.fault_report import report
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
 from tests.receiver import Receiver
@@ -219,18 +219,6 @@ def _beats_since(engine: Engine, host: str, since: datetime) -> int:
     )
 
 
-def _report(name: str, numbers: dict[str, Any]) -> None:
-    """One summary line, and the numbers merged into ``NOTIFIER_FAULT_REPORT`` (as
-    tests/acceptance/test_faults.py does)."""
-    print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in numbers.items()))
-    path = os.environ.get("NOTIFIER_FAULT_REPORT")
-    if path:
-        file = Path(path)
-        report = json.loads(file.read_text()) if file.exists() and file.stat().st_size else {}
-        report[name] = numbers
-        file.write_text(json.dumps(report, indent=2) + "\n")
-
-
 def _stale(log: str) -> list[int]:
     """The ``stale=N`` of every batch summary line in a worker's log: outcomes it recorded
     for rows no longer its own, which changed nothing."""
@@ -341,7 +329,7 @@ def test_worker_host_cut_off_mid_drain(
 
     counts = receiver.arrivals()
     duplicated = {int(k.removeprefix("notification-")): c for k, c in counts.items() if c > 1}
-    _report(
+    report(
         "test_worker_host_cut_off_mid_drain",
         {
             "rows": ROWS,
