@@ -89,7 +89,10 @@ def test_a_batch_that_tops_itself_up_takes_three_round_trips_a_claim(
         dispatcher.close()
         engine.dispose()
     assert (report.claims, report.sent) == ([100] * 6 + [0], 600)
-    assert trips == 6 * BATCH_OF_NULL_ROWS + 1, turns.said()
+    # Exact but for one timing effect: a claim that tops the batch up lands while a group of
+    # outcomes is being gathered, and the group is recorded in two (on a loaded machine, once
+    # or twice a run). A round trip more in every claim would be six more.
+    assert 6 * BATCH_OF_NULL_ROWS + 1 <= trips <= 6 * BATCH_OF_NULL_ROWS + 2, turns.said()
 
 
 def test_the_count_sees_each_ping(
