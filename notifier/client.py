@@ -29,6 +29,9 @@ from notifier.specs import (
     parse_time_zone,
 )
 
+#: A payload as its row stores it: made once (``json.dumps`` would make one a row).
+_PAYLOAD = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
@@ -133,7 +136,7 @@ def checked_row(
         parse_category(category)
     address, person = _addressee(conn, channel, to, profile)
     try:
-        document = json.dumps(dict(payload or {}), ensure_ascii=False, allow_nan=False)
+        document = _PAYLOAD.encode(dict(payload)) if payload else "{}"
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"invalid notification: payload is not JSON-serializable: {exc}") from None
     refused = unstorable_json("payload", document)

@@ -87,11 +87,16 @@ def _nesting(text: str) -> int:
     return deepest
 
 
+#: A request's JSON in one spelling (keys sorted, no spaces), made once: ``json.dumps`` with
+#: these arguments would make an encoder for every item of a batch. Stored hashes depend on
+#: this spelling (``api_requests.body_hash``): it must not change.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def request_hash(doc: Any) -> bytes:
     """The SHA-256 of a request's JSON in one spelling (keys sorted, no spaces): two bodies that
     say the same thing hash alike, whatever their whitespace or key order."""
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).digest()
+    return hashlib.sha256(_CANONICAL.encode(doc).encode()).digest()
 
 
 def idempotency_key(value: str | None, field: str = "Idempotency-Key") -> str | None:

@@ -148,7 +148,7 @@ def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
         ),
         {"keys": json.dumps(list(dedupe_keys), ensure_ascii=False)},
     )
-    return {str(k) for (k,) in found}
+    return set(found.scalars().all())
 
 
 def first_requests(

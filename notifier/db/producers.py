@@ -7,6 +7,7 @@ holds; nothing here commits.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -85,6 +86,7 @@ _STAGED_TYPES = (
     ("profile", "text"),
 )
 STAGED = tuple(name for name, _type in _STAGED_TYPES)
+_STAGED_VALUES = itemgetter(*STAGED)
 ROW_COLUMNS = ", ".join(f"{name} {type_}" for name, type_ in _STAGED_TYPES)
 
 # Rows in the order given (their ids too, as identity values are drawn in that order); a row
@@ -125,7 +127,7 @@ def enqueue_rows(
         cur.execute(STAGE_ROWS)
         with cur.copy(COPY_STAGED) as copy:
             for ord_, row in enumerate(rows):
-                copy.write_row((ord_, *(row[name] for name in STAGED)))
+                copy.write_row((ord_, *_STAGED_VALUES(row)))
         cur.execute(ENQUEUE_STAGED)
         return sorted((int(i), key) for i, key in cur.fetchall())
 
