@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -151,7 +151,12 @@ def _writes(idempotency_key: str | None) -> dict[str, str]:
 
 
 def _keyed(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{"idempotency_key": str(uuid.uuid4()), **item} for item in items]
+    """The items, each with an ``idempotency_key`` (a new UUID where it has none) that every
+    retry of its request sends again."""
+    return [
+        dict(item) if "idempotency_key" in item else {"idempotency_key": str(uuid.uuid4()), **item}
+        for item in items
+    ]
 
 
 def _batches(items: Sequence[Mapping[str, Any]], size: int) -> list[tuple[int, _Call]]:
@@ -168,16 +173,16 @@ def _batches(items: Sequence[Mapping[str, Any]], size: int) -> list[tuple[int, _
 
 def _placed(answer: httpx.Response, start: int) -> list[ItemResult]:
     """A batch's results, their indexes counted from the first item given to ``notify_many``."""
-    return [replace(r, index=r.index + start) for r in _results(answer.json())]
+    return _results(answer.json(), start)
 
 
-def _results(doc: Any) -> list[ItemResult]:
+def _results(doc: Any, start: int) -> list[ItemResult]:
     found = []
     for r in doc["results"]:
         error = r.get("error")
         found.append(
             ItemResult(
-                index=int(r["index"]),
+                index=int(r["index"]) + start,
                 status=str(r["status"]),
                 id=r.get("id"),
                 idempotency_key=r.get("idempotency_key"),

@@ -17,6 +17,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from notifier.db.engine import driver, driver_errors
+
 KEY_COLUMNS = "id, name, prefix, secret_hash, channels, categories, read_only, per_second"
 
 
@@ -165,17 +167,16 @@ def first_requests(
     return {str(k): (int(i), bytes(h), int(n)) for k, i, h, n in found}
 
 
+RECORD_REQUESTS = "COPY api_requests (dedupe_key, key_id, body_hash, notification_id) FROM STDIN"
+
+
 def record_requests(conn: Connection, requests: Sequence[tuple[str, int, bytes, int]]) -> None:
-    """Keep (dedupe key, key id, request hash, notification id) for each new key."""
-    listed = [[key, key_id, digest.hex(), row_id] for key, key_id, digest, row_id in requests]
-    conn.execute(
-        text(
-            "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
-            " SELECT r->>0, (r->>1)::bigint, decode(r->>2, 'hex'), (r->>3)::bigint"
-            "   FROM jsonb_array_elements(CAST(:requests AS jsonb)) AS r"
-        ),
-        {"requests": json.dumps(listed, ensure_ascii=False)},
-    )
+    """Keep (dedupe key, key id, request hash, notification id) for each new key: one COPY,
+    a batch's thousand rows at the cost of a few."""
+    raw = driver(conn)
+    with driver_errors(conn), raw.cursor() as cur, cur.copy(RECORD_REQUESTS) as copy:
+        for request in requests:
+            copy.write_row(request)
 
 
 VIEW = """
