@@ -54,7 +54,7 @@ How to run it
     root the cluster runs as ``postgres``), with Redis's ``redis-server`` installed::
 
         python bench/history.py [--rows N] [--drain N] [--repeat N] [--shared-buffers SIZE]
-                                [--as-migrated] [--keep]
+                                [--as-migrated] [--no-purge] [--keep]
 
     The script starts the cluster, then runs itself again inside it (``NOTIFIER_BENCH_POSTGRES``
     naming it) and passes Ctrl-C and SIGTERM on to that run, which stops what it started. The
@@ -64,6 +64,8 @@ How to run it
     ``fsync`` on, ``max_wal_size`` 1GB) but ``autovacuum`` on, with PostgreSQL's default
     autovacuum settings; printed at the start. Everything is stopped and removed at the end,
     unless ``--keep`` (then the cluster keeps running; the command that stops it is printed).
+    ``--no-purge`` stops after the drains: with ``--keep``, ``full`` is left as filled (and
+    drained), for a look at what the drains do on it.
     A full-size run writes tens of gigabytes there: see the sizes a small run prints, times
     ``50,000,000 / --rows``. A Redis server of the run's own (or the database
     ``NOTIFIER_BENCH_REDIS`` names, flushed before each drain and at the end).
@@ -1012,6 +1014,9 @@ def measure(bench: Bench) -> None:
             )
         )
 
+    if args.no_purge:
+        print("\n(--no-purge: no purge, and no sizes after one)")
+        return
     print(f"\n4. the purge of full, retention {RETENTION_DAYS} days, a drain beside it")
     purged = purge(bench, full)
     per_million = purged.seconds / (purged.deleted / 1e6) if purged.deleted else math.nan
@@ -1157,6 +1162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--as-migrated",
         action="store_true",
         help="leave a partitioned history's partitions as the migration makes them",
+    )
+    made.add_argument(
+        "--no-purge", action="store_true", help="stop after the drains (full stays as filled)"
     )
     given = list(sys.argv[1:] if argv is None else argv)
     args = harness.parse(made, given)
