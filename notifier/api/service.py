@@ -46,6 +46,9 @@ class Service:
         self.counter = counter
         self.clock = clock
         self._slots: int | None = None  # batch slots, read from the server at the first batch
+        # A key is read by one statement, outside a transaction: no BEGIN and ROLLBACK around it
+        # (two round trips of a request's dozen).
+        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     # -- who asks ---------------------------------------------------------------------------
 
@@ -55,7 +58,7 @@ class Service:
         prefix = keys.prefix_of(presented.strip()) if scheme.lower() == "bearer" else None
         if prefix is None:
             raise ApiError(401, "unauthorized", "send your API key as Authorization: Bearer nk_...")
-        with self.engine.connect() as conn:
+        with self._reads.connect() as conn:
             row = api_db.live_key(conn, prefix)
         if row is None or not keys.matches(presented.strip(), row):
             raise ApiError(401, "unauthorized", "this API key is not valid (or was revoked)")
