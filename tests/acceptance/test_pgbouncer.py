@@ -175,7 +175,7 @@ def test_without_the_pooler_setting_prepared_statements_break_behind_pgbouncer(
     producer: Engine,
     receiver: Receiver,
 ) -> None:
-    ids = _enqueue(producer, receiver.url, ROWS)
+    _enqueue(producer, receiver.url, ROWS)
     # The same setup as the drain below, but for NOTIFIER_DATABASE_POOLER: psycopg prepares.
     _behind(services, pgbouncer, database_url, NOTIFIER_DATABASE_SESSION_URL=database_url)
     services.worker("w1", concurrency=2)
@@ -186,8 +186,10 @@ def test_without_the_pooler_setting_prepared_statements_break_behind_pgbouncer(
         said = services.log("w1") + services.log("w2")
         return 'prepared statement "_pg3_' in said
 
+    # The failed statements are the fault. How many rows they hold up depends on the timing:
+    # psycopg prepares a statement at its fifth run on a connection, which on a fast machine
+    # comes after the backlog is sent, and a failed statement is run again.
     wait_for(broke, 90, "a prepared statement to be missing, or another client's, on the server")
-    assert _sent(engine, ids) < ROWS
 
 
 @pytest.mark.slow
