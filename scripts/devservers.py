@@ -14,7 +14,8 @@ and a guard. Only the standard library, plus aiosmtpd for ``mail``.
 ``scripts/dev --webhooks --guard`` runs the receiver and the guard on 127.0.0.1; the trial stack
 (deploy/trial/compose.yml) and the compose test run the receiver and the mail catcher in a
 container. A POST to a path starting ``/slow`` is answered after half a second, so a test can
-hold rows in flight. Everything is kept in memory, at most ``KEEP`` entries, and lost on exit.
+hold rows in flight. GET /health answers at once, for a container's health check. Everything
+is kept in memory, at most ``KEEP`` entries, and lost on exit.
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ class Handler(BaseHTTPRequestHandler):
     role = "receiver"
 
     def do_GET(self) -> None:
-        if self.path == "/received":
+        # The lists are copied under the lock and written outside it: a reader that stops
+        # reading a long list must not hold up the POSTs (they would time out and be sent again).
+        if self.path == "/health":
+            self._json(200, {"ok": True})
+        elif self.path == "/received":
             with lock:
-                self._json(200, list(received))
+                entries = list(received)
+            self._json(200, entries)
         elif self.path == "/confirmed" and self.role == "guard":
             with lock:
-                self._json(200, sorted(confirmed))
+                users = sorted(confirmed)
+            self._json(200, users)
         else:
             self._json(404, {"error": f"no page {self.path!r}: try GET /received"})
 
