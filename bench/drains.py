@@ -116,10 +116,14 @@ def insert_due(
 
 
 def unfinished(conn: Conn) -> bool:
-    """Is any row pending or processing? Each test walks one partial index from its start."""
+    """Is any row pending or processing? Each test walks one partial index from its start:
+    ``notifications_due``, and ``notifications_lease`` (a processing row always has a lease).
+    Without the lease's test the second is a scan of the whole table, every poll from the
+    drain's last claim to its end: seconds of every core beside a drain on a big table."""
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM notifications WHERE status = 'pending')"
-        " OR EXISTS (SELECT 1 FROM notifications WHERE status = 'processing')"
+        " OR EXISTS (SELECT 1 FROM notifications"
+        "             WHERE status = 'processing' AND locked_until IS NOT NULL)"
     ).fetchone()
     return bool(row and row[0])
 

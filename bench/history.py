@@ -29,7 +29,9 @@ What it measures
        worker (``--concurrency=2``) and beat with notifier's default settings, and ``--drain``
        due ``null`` rows (default 100,000) inserted in one statement, timed from the INSERT's
        commit to the last one recorded sent (its ``updated_at``), as ``bench/field.py`` does,
-       with the CPU a row cost the worker processes and their PostgreSQL backends.
+       with the CPU a row cost the worker processes and their PostgreSQL backends, and the
+       shared buffers a row touched in each table and index (``bench/pgstats.py``): where
+       ``full`` spends more than ``empty``.
     3. **The purge of ``full``**: ``notifier purge --json``, the command operators and beat's
        daily task run, with every retention at 50 days (``NOTIFIER_RETENTION_SENT_DAYS``,
        ``_DEAD_DAYS``, ``_CANCELLED_DAYS``, and ``_HISTORY_DAYS`` when notifier has that
@@ -101,7 +103,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import psycopg
 from psycopg import sql
 
-from bench import harness
+from bench import harness, pgstats
 from bench.cluster import Cluster
 from bench.common import (
     REPO,
@@ -137,6 +139,8 @@ RETENTION_DAYS = 50
 CLAIMS = 5
 #: Seconds between two looks of the lock watch.
 LOCK_SAMPLE = 0.02
+#: Seconds for exited backends to hand their counters of buffers over (``bench/pgstats.py``).
+STATS_FLUSHED = 1.0
 #: ``full``'s drain must reach this share of ``empty``'s.
 TARGET = 0.9
 TABLES = ("notifications", "notification_attempts")
@@ -695,9 +699,16 @@ class Database:
 def round_of(bench: Bench, db: Database, batch: int) -> None:
     db.claims.append(claims(db.url, batch))
     print(f"  {db.tag:<5} {db.claims[-1].describe(batch)}", flush=True)
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        time.sleep(STATS_FLUSHED)  # the claims' backends have handed over their counters
+        before = pgstats.touched(conn, TABLES)
     with workers(bench, db.tag, db.name, db.url, {}) as (services, conn):
         db.drains.append(drain_due(conn, db.name, services, bench.args.drain))
     print(f"  {db.tag:<5} drain {db.drains[-1].describe()}; load {load()}", flush=True)
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        time.sleep(STATS_FLUSHED)  # and the workers' backends, which exited with them
+        spent = pgstats.touched(conn, TABLES).minus(before)
+    print(f"  {db.tag:<5} buffers a row: {spent.per_row(bench.args.drain)}", flush=True)
     if db.drains[-1].sent != bench.args.drain:
         raise SetupError(f"({db.tag}) sent {db.drains[-1].sent:,} of {bench.args.drain:,} rows")
 
