@@ -367,6 +367,19 @@ def beside(bench: Bench) -> None:
         )
 
 
+# Whether a due row is still pending or a row processing: the first of the claim's order (the API's
+# rows beside the drain are due a day later), and a processing row's lease. Each walks one
+# partial index from its start; a test of the recipient would read the whole table every poll,
+# the API's rows included, on the cores the drain is measured on.
+UNFINISHED = """
+    SELECT coalesce((SELECT next_attempt_at FROM notifications WHERE status = 'pending'
+                      ORDER BY priority DESC, next_attempt_at, id LIMIT 1)
+                    < now() + interval '1 hour', false)
+        OR EXISTS (SELECT 1 FROM notifications
+                    WHERE status = 'processing' AND locked_until IS NOT NULL)
+"""
+
+
 def _drain(
     conn: Conn,
     services: Services,
@@ -384,6 +397,8 @@ def _drain(
     meters = {part: CpuMeter() for part in parts}
     for part, meter in meters.items():
         meter.start(parts[part]())
+    row = conn.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()
+    floor = int(row[0]) if row else 0
     began = time.monotonic()
     _, committed = insert_due(conn, rows, channel, address)
     pattern = address.replace("{n}", "%")
@@ -393,19 +408,15 @@ def _drain(
         for part, meter in meters.items():
             meter.sample(parts[part]())
         services.check_alive()
-        left = conn.execute(
-            "SELECT count(*) FROM notifications WHERE recipient LIKE %s"
-            " AND status IN ('pending', 'processing')",
-            (pattern,),
-        ).fetchone()
-        if left is not None and left[0] == 0:
+        left = conn.execute(UNFINISHED).fetchone()
+        if left is not None and not left[0]:
             break
     else:
         raise SetupError(f"the {tag} drain of {channel} rows did not finish in 600 s")
     found = conn.execute(
         "SELECT count(*), extract(epoch FROM max(sent_at)) FROM notifications"
-        " WHERE recipient LIKE %s AND status = 'sent'",
-        (pattern,),
+        " WHERE id > %s AND recipient LIKE %s AND status = 'sent'",
+        (floor, pattern),
     ).fetchone()
     assert found is not None
     sent, last = int(found[0]), float(found[1])
