@@ -22,10 +22,13 @@ What it measures
        running with the weekly partitions lays it out (``--as-migrated`` keeps the migration's
        layout). The sizes of both tables and of each of their indexes (summed over the
        partitions of a partitioned one) are printed.
-    2. **Drains, empty against full.** ``--repeat`` rounds (default 2), each ``empty`` then
-       ``full``: first, in this process, with no worker running, 5 claims of 1,000 due rows
-       (``queue.claim_due``, as a worker claims) each followed by the record of its 1,000
-       outcomes with their attempts (``queue.record_outcomes``), timed one by one; then a
+    2. **Drains, empty against full.** ``--warm-up`` rounds (default 1) that are printed and
+       not counted (the first drain on ``full`` after its fill is a cold one: 0.22 to 0.34 of
+       empty's in the runs so far, its INSERT 5 to 10 s against 1), then ``--repeat`` rounds
+       (default 2), each ``empty`` then ``full``: first, in this process, with no worker
+       running, 5 claims of 1,000 due rows (``queue.claim_due``, as a worker claims) each
+       followed by the record of its 1,000 outcomes with their attempts
+       (``queue.record_outcomes``), timed one by one; then a
        worker (``--concurrency=2``) and beat with notifier's default settings, and ``--drain``
        due ``null`` rows (default 100,000) inserted in one statement, timed from the INSERT's
        commit to the last one recorded sent (its ``updated_at``), as ``bench/field.py`` does,
@@ -55,8 +58,9 @@ How to run it
     From the repository root, as root or as a user who may run PostgreSQL's ``initdb`` (as
     root the cluster runs as ``postgres``), with Redis's ``redis-server`` installed::
 
-        python bench/history.py [--rows N] [--drain N] [--repeat N] [--shared-buffers SIZE]
-                                [--as-migrated] [--no-purge] [--keep]
+        python bench/history.py [--rows N] [--drain N] [--repeat N] [--warm-up N]
+                                [--shared-buffers SIZE] [--as-migrated] [--no-purge] [--keep]
+                                [--reuse URL]
 
     The script starts the cluster, then runs itself again inside it (``NOTIFIER_BENCH_POSTGRES``
     naming it) and passes Ctrl-C and SIGTERM on to that run, which stops what it started. The
@@ -67,7 +71,9 @@ How to run it
     autovacuum settings; printed at the start. Everything is stopped and removed at the end,
     unless ``--keep`` (then the cluster keeps running; the command that stops it is printed).
     ``--no-purge`` stops after the drains: with ``--keep``, ``full`` is left as filled (and
-    drained), for a look at what the drains do on it.
+    drained), for a look at what the drains do on it, and ``--reuse URL`` (the cluster's URL
+    the kept run printed) runs the drains, and the purge unless ``--no-purge``, again on its
+    two databases as they are, without a fill; it neither makes nor drops a database.
     A full-size run writes tens of gigabytes there: see the sizes a small run prints, times
     ``50,000,000 / --rows``. A Redis server of the run's own (or the database
     ``NOTIFIER_BENCH_REDIS`` names, flushed before each drain and at the end).
@@ -111,7 +117,9 @@ from bench.common import (
     CpuMeter,
     Services,
     SetupError,
+    admin_connect,
     backend_pids,
+    database_url,
     load,
     process_tree,
     run_interruptibly,
@@ -931,11 +939,34 @@ def purge(bench: Bench, db: Database) -> Purged:
 # --- the measurement ---------------------------------------------------------------------------
 
 
+def kept_databases() -> list[tuple[str, str]]:
+    """``empty`` and ``full`` of an earlier run on this cluster (``--reuse``): names and URLs."""
+    with admin_connect() as admin:
+        found = [
+            str(row[0])
+            for row in admin.execute(
+                "SELECT datname FROM pg_database"
+                " WHERE datname LIKE 'notifier\\_bench\\_history\\_%' ORDER BY datname"
+            )
+        ]
+    names = []
+    for tag in ("empty", "full"):
+        ours = [n for n in found if n.startswith(f"notifier_bench_history_{tag}_")]
+        if len(ours) != 1:
+            raise SetupError(f"--reuse: {len(ours)} databases of {tag} on the cluster, not one")
+        names.append((ours[0], database_url(ours[0])))
+    return names
+
+
 def measure(bench: Bench) -> None:
     args = bench.args
     batch = Settings.model_fields["max_batch_size"].default
-    print("\n1. the databases")
-    names = [bench.database(f"history_{tag}") for tag in ("empty", "full")]
+    if args.reuse:
+        print("\n1-2. the databases of an earlier run, as it left them (--reuse): no fill")
+        names = kept_databases()
+    else:
+        print("\n1. the databases")
+        names = [bench.database(f"history_{tag}") for tag in ("empty", "full")]
     empty, full = (
         Database(tag, n, u) for tag, (n, u) in zip(("empty", "full"), names, strict=True)
     )
@@ -950,6 +981,25 @@ def measure(bench: Bench) -> None:
         t0: datetime = row[0]
         layout = "partitioned by week" if partitioned(conn) else "one table"
     print(f"  notification_attempts: {layout}")
+    if args.reuse:
+        with psycopg.connect(full.url, autocommit=True) as conn:
+            before = sizes(conn)
+            before.show("of full as the earlier run left it")
+        bench.notes.append(f"--reuse: {full.name} and {empty.name} as an earlier run left them")
+    else:
+        before = make_databases(bench, empty, full, layout, t0)
+    drains(bench, empty, full, batch)
+    if args.no_purge:
+        print("\n(--no-purge: no purge, and no sizes after one)")
+        return
+    purge_and_sizes(bench, full, layout, before)
+
+
+def make_databases(
+    bench: Bench, empty: Database, full: Database, layout: str, t0: datetime
+) -> Sizes:
+    """The history's weeks laid out, and ``full`` filled; its sizes after the fill."""
+    args = bench.args
     if layout != "one table" and args.as_migrated:
         bench.notes.append(
             "--as-migrated: the history's partitions as a fresh migration makes them (the"
@@ -991,11 +1041,28 @@ def measure(bench: Bench) -> None:
         bench.lines.append(
             Line(f"size of {table}", f"{gib(own)} + indexes {gib(indexes)} = {gib(own + indexes)}")
         )
+    return before
 
+
+def drains(bench: Bench, empty: Database, full: Database, batch: int) -> None:
+    """``--warm-up`` rounds, not counted, then ``--repeat`` rounds of empty then full."""
+    args = bench.args
     print(
         f"\n3. drains: {args.drain:,} due null rows, 2 worker processes, default settings;"
-        f" {args.repeat} rounds, empty then full"
+        f" {args.warm_up} warm-up rounds (not counted), then {args.repeat} rounds, empty then full"
     )
+    for round_ in range(1, args.warm_up + 1):
+        print(f"  warm-up round {round_} of {args.warm_up} (load {load()})", flush=True)
+        for db in (empty, full):
+            round_of(bench, db, batch)
+    if args.warm_up:
+        warm = " ".join(
+            f"{f.rate / e.rate:.2f}" for e, f in zip(empty.drains, full.drains, strict=True)
+        )
+        bench.notes.append(f"warm-up rounds, full / empty, not counted: {warm}")
+        for db in (empty, full):
+            db.drains.clear()
+            db.claims.clear()
     for round_ in range(1, args.repeat + 1):
         print(f"  round {round_} of {args.repeat} (load {load()})", flush=True)
         for db in (empty, full):
@@ -1025,9 +1092,9 @@ def measure(bench: Bench) -> None:
             )
         )
 
-    if args.no_purge:
-        print("\n(--no-purge: no purge, and no sizes after one)")
-        return
+
+def purge_and_sizes(bench: Bench, full: Database, layout: str, before: Sizes) -> None:
+    args = bench.args
     print(f"\n4. the purge of full, retention {RETENTION_DAYS} days, a drain beside it")
     purged = purge(bench, full)
     per_million = purged.seconds / (purged.deleted / 1e6) if purged.deleted else math.nan
@@ -1177,12 +1244,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     made.add_argument(
         "--no-purge", action="store_true", help="stop after the drains (full stays as filled)"
     )
+    made.add_argument(
+        "--warm-up",
+        type=int,
+        default=1,
+        metavar="N",
+        help="rounds run first and not counted (default 1: the first after a fill is cold)",
+    )
+    made.add_argument(
+        "--reuse",
+        metavar="URL",
+        help="the cluster an earlier --keep run left running: its databases, no fill",
+    )
     given = list(sys.argv[1:] if argv is None else argv)
     args = harness.parse(made, given)
     if os.environ.get(INSIDE) == "1":
         return run_interruptibly(
             lambda a: harness.run("history at scale", harness.REDIS, a, [measure]), args
         )
+    if args.reuse:  # its databases are the earlier run's: none is made, none dropped
+        env = {**os.environ, "NOTIFIER_BENCH_POSTGRES": args.reuse, INSIDE: "1"}
+        again = [sys.executable, str(Path(__file__).resolve()), *given]
+        return subprocess.run(again, env=env, cwd=REPO, check=False).returncode
     return on_own_cluster(args, given)
 
 
