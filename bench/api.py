@@ -74,7 +74,7 @@ from bench.common import (
     service_env,
     wait_until,
 )
-from bench.drains import insert_due, workers
+from bench.drains import highest_id, insert_due, workers
 from bench.harness import Bench, Line, fmt_int
 from bench.servers import WebhookServer
 from notifier import sdk
@@ -367,8 +367,9 @@ def beside(bench: Bench) -> None:
         )
 
 
-# Whether a due row is still pending or a row processing: the first of the claim's order (the API's
-# rows beside the drain are due a day later), and a processing row's lease. Each walks one
+# Whether a due row is still pending or a row processing: the first of the claim's order (every
+# row here has priority 0, and the API's rows beside the drain are due a day later), and a
+# processing row's lease. Each walks one
 # partial index from its start; a test of the recipient would read the whole table every poll,
 # the API's rows included, on the cores the drain is measured on.
 UNFINISHED = """
@@ -397,8 +398,7 @@ def _drain(
     meters = {part: CpuMeter() for part in parts}
     for part, meter in meters.items():
         meter.start(parts[part]())
-    row = conn.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()
-    floor = int(row[0]) if row else 0
+    floor = highest_id(conn)
     began = time.monotonic()
     _, committed = insert_due(conn, rows, channel, address)
     pattern = address.replace("{n}", "%")

@@ -115,6 +115,12 @@ def insert_due(
     return took, float(row[0])
 
 
+def highest_id(conn: Conn) -> int:
+    """The highest id in ``notifications`` (0 when empty): rows inserted after have higher."""
+    row = conn.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()
+    return int(row[0]) if row else 0
+
+
 def unfinished(conn: Conn) -> bool:
     """Is any row pending or processing? Each test walks one partial index from its start:
     ``notifications_due``, and ``notifications_lease`` (a processing row always has a lease).

@@ -128,7 +128,7 @@ from bench.common import (
     sqlalchemy_url,
     wait_until,
 )
-from bench.drains import insert_due, wait_drained, workers
+from bench.drains import highest_id, insert_due, wait_drained, workers
 from bench.harness import Bench, Line, fmt_int, positive
 from notifier.db import queue
 from notifier.db.engine import make_engine
@@ -529,8 +529,7 @@ class Fill:
 def fill(conn: Conn, rows: int, t0: datetime) -> Fill:
     """``rows`` finished notifications and their attempts, a chunk a transaction."""
     chunk = min(CHUNK, max(rows // 10, 10_000))
-    row = conn.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()
-    base = int(row[0]) if row else 0
+    base = highest_id(conn)
     conn.execute("SET session_replication_role = replica")
     started = time.monotonic()
     attempts = 0
@@ -610,8 +609,7 @@ def drain_due(
     only rows of this insert (ids above the highest before it). With ``cpu``, the CPU of the
     worker processes and of the database's backends (all of them: leave it off when others
     than the worker's are busy)."""
-    row = conn.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()
-    floor = int(row[0]) if row else 0
+    floor = highest_id(conn)
     worker = services.pid("worker")
     cpu_workers, cpu_backends = CpuMeter(), CpuMeter()
     cpu_workers.start(process_tree(worker))
