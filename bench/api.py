@@ -9,7 +9,7 @@ What it measures
        httpx, in this process): requests a second, and the latency's p50 and p99.
     b. **Batches**: ``--batches`` (default 20) ``POST /v1/notifications/batch`` of 1,000 items
        each (each item with its idempotency key), one request after the other, and the same
-       number of items again through the SDK's ``notify_many`` (1,000 a request, two under
+       number of items again through the SDK's ``notify_many`` (1,000 a request, four under
        way): rows a second, against COPY of as many rows into ``notifications`` (psycopg, one
        connection, 1,000 rows a transaction) in the same run. The target is judged on the
        SDK's way of sending them.
@@ -253,7 +253,7 @@ def bulk(bench: Bench) -> None:
             results = answer.json()["results"]
             failed += sum(1 for r in results if r["status"] != "created")
         one_wall = time.perf_counter() - started
-        with sdk.Client(base, key, timeout=120) as api:  # as the SDK sends them: two at once
+        with sdk.Client(base, key, timeout=120) as api:  # as the SDK sends them: IN_FLIGHT at once
             items = [{**_one(rows + i), "idempotency_key": f"sdk:{i}"} for i in range(rows)]
             started = time.perf_counter()
             results = api.notify_many(items)

@@ -36,10 +36,12 @@ RETRIED = {429, 500, 502, 503, 504}
 #: The longest wait between tries, whatever a Retry-After says.
 MAX_WAIT = 30.0
 #: Items in one batch request (the API's ``NOTIFIER_API_MAX_BATCH`` by default), and how many
-#: batch requests ``notify_many`` keeps under way at once: one API process writes one batch
-#: while another checks the next.
+#: batch requests ``notify_many`` keeps under way at once: two for each process of ``notifier
+#: api --workers 2``, so that each checks one batch's items while the database writes its other
+#: one (a batch's Python and its statements take turns; with one each, a process idles while
+#: its batch is written).
 BATCH = 1_000
-IN_FLIGHT = 2
+IN_FLIGHT = 4
 
 
 class NotifierError(Exception):
