@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from notifier.db import queue, rescue
+from notifier.db import api, queue, rescue
 from notifier.db.engine import driver
 from notifier.db.sql import number_array, text_array
 from notifier.models import AttemptOutcome, Decision
@@ -183,6 +184,27 @@ def test_a_claim_reads_the_due_index_in_order_even_before_any_analyze(engine: En
     assert "Sort" not in plan, plan
     # The LIMIT took the thousand that waited longest.
     assert [n.id for n in claimed] == list(range(first, first + 1000))
+
+
+@pytest.mark.parametrize("keys", [1, 1000])
+def test_the_look_for_an_idempotency_key_probes_its_index(engine: Engine, keys: int) -> None:
+    """Each request looks for its keys' first use in ``api_requests``: one probe of its primary
+    key a key, not a scan of every request ever made (what a set of keys joined by ``IN``
+    was planned as on a table of 20,000)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
+                " SELECT 'k' || n, 1, '\\x00', n FROM generate_series(1, 20000) AS n"
+            )
+        )
+        conn.execute(text("ANALYZE api_requests"))
+        wanted = json.dumps([f"new{n}" for n in range(keys - 1)] + ["k7"])
+        plan = _plan(conn, api.FIRST_REQUESTS, {"keys": wanted})
+        found = api.first_requests(conn, json.loads(wanted))
+    assert "api_requests_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    assert found == {"k7": (1, b"\x00", 7)}
 
 
 def test_a_look_at_claimed_rows_reads_them_by_id_alone(engine: Engine, make_rows: MakeRows) -> None:
