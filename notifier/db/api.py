@@ -155,8 +155,8 @@ def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
 
 # The keys as one array, computed once (an InitPlan), so the primary key is probed for each
 # whatever the table's size. Written as ``IN (SELECT jsonb_array_elements_text(...))``, the
-# planner took the set for 100 rows and, until the table passed some 30,000 requests, hashed it
-# against a scan of the whole table: every single request read all of api_requests.
+# planner took the set for 100 rows and, until the table held 20,000 to 30,000 requests,
+# hashed it against a scan of the whole table: every single request read all of them.
 FIRST_REQUESTS = text(
     "SELECT dedupe_key, key_id, body_hash, notification_id FROM api_requests"
     " WHERE dedupe_key = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(:keys AS jsonb))))"
