@@ -199,9 +199,9 @@ def test_the_look_for_an_idempotency_key_probes_its_index(engine: Engine, keys: 
             )
         )
         conn.execute(text("ANALYZE api_requests"))
-        wanted = json.dumps([f"new{n}" for n in range(keys - 1)] + ["k7"])
-        plan = _plan(conn, api.FIRST_REQUESTS, {"keys": wanted})
-        found = api.first_requests(conn, json.loads(wanted))
+        wanted = [f"new{n}" for n in range(keys - 1)] + ["k7"]
+        plan = _plan(conn, api.FIRST_REQUESTS, {"keys": json.dumps(wanted)})
+        found = api.first_requests(conn, wanted)
     assert "api_requests_pkey" in plan, plan
     assert "Seq Scan" not in plan, plan
     assert found == {"k7": (1, b"\x00", 7)}
