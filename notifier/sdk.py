@@ -269,16 +269,16 @@ class Client(_Base):
         others end; the other requests' items are written, and calling again with the same
         items writes the rest and nothing twice if each item carries its ``idempotency_key``."""
         calls = _batches(items, batch)
+
+        def placed(start: int, call: _Call) -> list[ItemResult]:
+            return _placed(self._send(call), start)  # read as it comes, while others are sent
+
         if len(calls) <= 1:
-            return [r for start, call in calls for r in _placed(self._send(call), start)]
+            return [r for start, call in calls for r in placed(start, call)]
         with ThreadPoolExecutor(max_workers=max(1, min(in_flight, len(calls)))) as pool:
-            answers = [pool.submit(self._send, call) for _, call in calls]
+            answers = [pool.submit(placed, start, call) for start, call in calls]
             wait(answers)
-        return [
-            r
-            for (start, _), a in zip(calls, answers, strict=True)
-            for r in _placed(a.result(), start)
-        ]
+        return [r for a in answers for r in a.result()]
 
     def get(self, id: int | None = None, *, idempotency_key: str | None = None) -> dict[str, Any]:
         path, params = _by(id, idempotency_key)
@@ -348,17 +348,20 @@ class AsyncClient(_Base):
         """``Client.notify_many``, with ``in_flight`` requests under way on the event loop."""
         gate = asyncio.Semaphore(max(1, in_flight))
 
-        async def send(call: _Call) -> httpx.Response:
+        async def placed(start: int, call: _Call) -> list[ItemResult]:
             async with gate:
-                return await self._send(call)
+                answer = await self._send(call)
+            return _placed(answer, start)  # read as it comes, while others are sent
 
         calls = _batches(items, batch)
-        answers = await asyncio.gather(*(send(call) for _, call in calls), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(placed(start, call) for start, call in calls), return_exceptions=True
+        )
         found = []
-        for (start, _), answer in zip(calls, answers, strict=True):
+        for answer in answers:
             if isinstance(answer, BaseException):
                 raise answer
-            found += _placed(answer, start)
+            found += answer
         return found
 
     async def get(
