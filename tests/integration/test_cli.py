@@ -21,6 +21,7 @@ import notifier
 from notifier.campaigns import Campaigns
 from notifier.cli.main import cli, main
 from tests.commands import run
+from tests.server_process import free_port
 
 #: The console script, as operators run it (installed beside this Python).
 NOTIFIER = str(Path(sys.executable).with_name("notifier"))
@@ -413,3 +414,16 @@ def test_a_campaign_names_a_stored_template_and_reports_repeated_csv_lines(
     assert code == 2
     assert "line 4 repeats 'a@x.org' from line 2" in err
     assert campaigns.status("strict").counts.recipients == 0
+
+
+def test_the_api_will_not_start_with_providers_it_cannot_load(database_url: str) -> None:
+    # It loads the checks every written row passes before it serves: a wrong setting stops it
+    # with the reason, rather than leaving it up to refuse every write.
+    env = {"NOTIFIER_DATABASE_URL": database_url, "NOTIFIER_FAILOVER": "email=email,smtp2"}
+    proc = _notifier("api", f"--port={free_port()}", env=env)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2
+    assert "NOTIFIER_FAILOVER names providers that are not installed: smtp2" in stderr.decode()
