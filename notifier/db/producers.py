@@ -6,6 +6,7 @@ holds; nothing here commits.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -91,25 +92,29 @@ ROW_COLUMNS = ", ".join(f"{name} {type_}" for name, type_ in _STAGED_TYPES)
 
 # Rows in the order given (their ids too, as identity values are drawn in that order); a row
 # whose dedupe_key exists is left out of what comes back. The rows arrive by COPY into a
-# session's own staging table, emptied by the very statement that inserts them: no JSON to
-# build or parse, and a staging table that a pooled connection's next transaction finds empty.
+# session's own staging table, stamped with the call that staged them: no JSON to build or
+# parse, and the table emptied at commit, in one go, not row by row (a DELETE of the staged
+# rows cost PostgreSQL about 2 us a row of the 12 the statements took). A second call in the
+# same transaction reads its own rows only.
 STAGE_ROWS = f"""
-    CREATE TEMP TABLE IF NOT EXISTS notifications_staged (ord integer, {ROW_COLUMNS})
+    CREATE TEMP TABLE IF NOT EXISTS notifications_staging (call bigint, ord integer, {ROW_COLUMNS})
     ON COMMIT DELETE ROWS
 """
-COPY_STAGED = f"COPY notifications_staged (ord, {', '.join(STAGED)}) FROM STDIN"
+COPY_STAGED = f"COPY notifications_staging (call, ord, {', '.join(STAGED)}) FROM STDIN"
 ENQUEUE_STAGED = """
-    WITH staged AS (DELETE FROM notifications_staged RETURNING *)
     INSERT INTO notifications
            (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
             next_attempt_at, expires_at, guard, template, locale, category, profile)
     SELECT channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
            coalesce(send_at, now()), expires_at, guard, template, locale, category, profile
-      FROM staged
+      FROM notifications_staging
+     WHERE call = %(call)s
      ORDER BY ord
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id, dedupe_key
 """
+#: Each call's stamp on the rows it stages.
+_CALLS = itertools.count()
 
 
 def enqueue_rows(
@@ -124,11 +129,12 @@ def enqueue_rows(
         return [] if written is None else [(int(written[0]), rows[0]["dedupe_key"])]
     raw = driver(conn)
     with driver_errors(conn), raw.cursor() as cur:
+        call = next(_CALLS)
         cur.execute(STAGE_ROWS)
         with cur.copy(COPY_STAGED) as copy:
             for ord_, row in enumerate(rows):
-                copy.write_row((ord_, *_STAGED_VALUES(row)))
-        cur.execute(ENQUEUE_STAGED)
+                copy.write_row((call, ord_, *_STAGED_VALUES(row)))
+        cur.execute(ENQUEUE_STAGED, {"call": call})
         return sorted((int(i), key) for i, key in cur.fetchall())
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from notifier.db import api, queue, rescue
+from notifier.db import api, producers, queue, rescue
 from notifier.db.engine import driver
 from notifier.db.sql import number_array, text_array
 from notifier.models import AttemptOutcome, Decision
@@ -289,3 +289,25 @@ def test_a_row_sent_after_a_retry_or_a_requeue_keeps_no_last_error(
         assert code == 0
         assert re.search(r"^  status +sent$", out, re.MULTILINE), out
         assert not re.search(r"^  last_error +\S", out, re.MULTILINE), out
+
+
+def _staged_row(key: str | None) -> dict[str, object]:
+    row: dict[str, object] = dict.fromkeys(producers.STAGED)
+    return {**row, "channel": "null", "recipient": "x", "payload": "{}", "dedupe_key": key,
+            "max_attempts": 5, "priority": 0}  # fmt: skip
+
+
+def test_rows_staged_twice_in_a_transaction_are_each_written_once(engine: Engine) -> None:
+    with engine.begin() as conn:
+        first = producers.enqueue_rows(conn, [_staged_row("s:1"), _staged_row(None)])
+        again = producers.enqueue_rows(conn, [_staged_row("s:1"), _staged_row("s:2")])
+    with engine.begin() as conn:  # the staging table is empty for the next transaction
+        later = producers.enqueue_rows(conn, [_staged_row("s:3"), _staged_row("s:4")])
+        staged = conn.execute(text("SELECT count(*) FROM notifications_staging")).scalar_one()
+        written = conn.execute(text("SELECT count(*) FROM notifications")).scalar_one()
+    assert [key for _, key in first] == ["s:1", None]
+    assert [key for _, key in again] == ["s:2"]  # s:1 exists: left out, not written twice
+    assert [key for _, key in later] == ["s:3", "s:4"]
+    assert (staged, written) == (2, 5)  # this transaction's own rows, until it commits
+    ids = [i for i, _ in first + again + later]
+    assert ids == sorted(ids)
