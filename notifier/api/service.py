@@ -13,6 +13,7 @@ The row's key never expires, as the table promises.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -115,7 +116,8 @@ class Service:
                 "notifications",
             )
         keys.must_write(key)
-        items = [self._item(key, given) for given in listed]
+        check = functools.partial(self._checked, key)
+        items = [self._item(key, given, check) for given in listed]
         with self.engine.begin() as conn:
             if self._slots is None:
                 self._slots = api_db.batch_slots(conn, self.settings.api_max_batch)
@@ -127,25 +129,27 @@ class Service:
             else {
                 "index": index,
                 "status": "replayed" if outcome.replayed else "created",
-                **outcome.document(),
+                "id": outcome.id,
+                "idempotency_key": outcome.idempotency_key,
+                "replayed": outcome.replayed,
             }
             for index, outcome in enumerate(outcomes)
         ]
 
-    def _item(self, key: KeyRow, given: Any) -> batch.Item | ApiError:
-        """One batch item, checked; the refusal if it is refused."""
+    def _item(self, key: KeyRow, given: Any, check: Callable[[Any], Any]) -> batch.Item | ApiError:
+        """One batch item, checked by ``check``; the refusal if it is refused."""
         try:
-            named = given.get("idempotency_key") if isinstance(given, dict) else None
+            if isinstance(given, dict):
+                named = given.get("idempotency_key")
+                fields = dict(given)
+                fields.pop("idempotency_key", None)
+            else:
+                named, fields = None, given
             idem = bodies.idempotency_key(
                 named if isinstance(named, str) or named is None else str(named),
                 "idempotency_key",
             )
-            fields = (
-                {k: v for k, v in given.items() if k != "idempotency_key"}
-                if isinstance(given, dict)
-                else given
-            )
-            return batch.item(key, fields, idem, lambda checked: self._checked(key, checked))
+            return batch.item(key, fields, idem, check)
         except ApiError as exc:
             return exc
 

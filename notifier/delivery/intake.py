@@ -19,6 +19,7 @@ the guard answers. A recipient on the suppression list is not refused: its row i
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import threading
 import uuid
@@ -51,6 +52,8 @@ _TEXT_FIELDS = (
     "locale",
     "category",
 )
+#: A row's text fields, read in one call (a check of every row written).
+_TEXTS_OF = operator.attrgetter(*_TEXT_FIELDS)
 
 
 class Intake:
@@ -160,7 +163,7 @@ NO_CLAIM = uuid.UUID(int=0)
 
 
 def _unstorable(n: Notification) -> str | None:
-    texts = [value for field in _TEXT_FIELDS if isinstance(value := getattr(n, field), str)]
+    texts = [value for value in _TEXTS_OF(n) if isinstance(value, str)]
     whole = "".join(texts)  # the usual row, checked at once; a bad one field by field
     if "\x00" not in whole and _not_unicode("", whole) is None:
         return _long_key(n)
