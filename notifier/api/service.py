@@ -129,9 +129,7 @@ class Service:
             else {
                 "index": index,
                 "status": "replayed" if outcome.replayed else "created",
-                "id": outcome.id,
-                "idempotency_key": outcome.idempotency_key,
-                "replayed": outcome.replayed,
+                **outcome.document(),
             }
             for index, outcome in enumerate(outcomes)
         ]
