@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import accumulate
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -75,17 +76,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-_BRACKETS = re.compile(r"[\[\]{}]")
+#: A JSON string (its brackets are not the document's), or a bracket: a string is matched
+#: whole by possessive repetition, in one pass and without backtracking.
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]++|\\.)*+"|([\[\]{}])')
+#: What each match adds to the depth: a string (its group empty) nothing.
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1, "": 0}.__getitem__
 
 
 def _nesting(text: str) -> int:
-    """An upper bound of the document's nesting, counted without parsing it (brackets inside
-    strings count too, so it never says less than the truth)."""
-    deepest = depth = 0
-    for bracket in _BRACKETS.findall(text):
-        depth += 1 if bracket in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
+    """The document's nesting, counted without parsing it: the deepest running count of its
+    brackets outside strings (a string's ``"]]]"`` neither hides a level nor adds one). Of a
+    text that is not JSON, some number: the parse refuses it anyway."""
+    return max(accumulate(map(_DEPTH_STEP, _STRING_OR_BRACKET.findall(text)), initial=0))
 
 
 #: A request's JSON in one spelling (keys sorted, no spaces). Stored hashes depend on this

@@ -7,6 +7,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +96,28 @@ def test_the_canonical_spelling_is_json_dumps_own(doc: object) -> None:
     dumped = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert bodies.canonical(doc) == dumped
     assert bodies.request_hash(doc) == hashlib.sha256(dumped.encode()).digest()
+
+
+def _depth(doc: object) -> int:
+    if isinstance(doc, dict):
+        return 1 + max(map(_depth, doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max(map(_depth, doc), default=0)
+    return 0
+
+
+@settings(max_examples=500)
+@given(values)
+def test_the_nesting_count_is_the_depth(doc: object) -> None:
+    for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, indent=1)):
+        assert bodies._nesting(text) == _depth(doc)
+
+
+def test_brackets_in_strings_neither_hide_levels_nor_add_them() -> None:
+    deep = bodies.MAX_JSON_DEPTH + 1
+    hidden = '{"body": "' + "]" * deep + '", "payload": ' + "[" * deep + "]" * deep + "}"
+    with pytest.raises(ApiError) as refused:
+        bodies.read_json(hidden.encode())
+    assert refused.value.code == "too_deep"
+    shallow = {"body": "[" * 500 + '{"\\"', "subject": "\\" * 3 + '"]'}
+    assert bodies.read_json(json.dumps(shallow).encode()) == shallow
