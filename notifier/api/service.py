@@ -92,7 +92,8 @@ class Service:
     # -- writing ----------------------------------------------------------------------------
 
     def create(self, key: KeyRow, doc: Any, idempotency_key: str | None) -> Created:
-        one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, fields))
+        now = self.clock()
+        one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, now, fields))
         with self.engine.begin() as conn:
             api_db.name_producer(conn, key.name)
             [outcome] = batch.write(conn, key, [one])
@@ -116,7 +117,7 @@ class Service:
                 "notifications",
             )
         keys.must_write(key)
-        check = functools.partial(self._checked, key)
+        check = functools.partial(self._checked, key, self.clock())  # the request's time
         items = [self._item(key, given, check) for given in listed]
         with self.engine.begin() as conn:
             if self._slots is None:
@@ -151,9 +152,9 @@ class Service:
         except ApiError as exc:
             return exc
 
-    def _checked(self, key: KeyRow, doc: Any) -> dict[str, Any]:
+    def _checked(self, key: KeyRow, now: datetime, doc: Any) -> dict[str, Any]:
         keys.must_write(key)
-        args = bodies.notification(doc, now=self.clock())
+        args = bodies.notification(doc, now=now)
         for field, allowed in (("channel", key.channels), ("category", key.categories)):
             if allowed is not None and args[field] not in allowed:
                 raise ApiError(
