@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import accumulate
@@ -64,7 +63,7 @@ def read_json(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_json", "the body is not UTF-8") from None
-    if _nesting(text) > MAX_JSON_DEPTH:
+    if _nesting(body) > MAX_JSON_DEPTH:
         raise ApiError(400, "too_deep", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(text, parse_constant=_no_constant)
@@ -76,18 +75,23 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-#: A JSON string (its brackets are not the document's), or a bracket: a string is matched
-#: whole by possessive repetition, in one pass and without backtracking.
-_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]++|\\.)*+"|([\[\]{}])')
-#: What each match adds to the depth: a string (its group empty) nothing.
-_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1, "": 0}.__getitem__
+#: The bytes that shape a JSON document: quotes and brackets (UTF-8 never uses them inside
+#: another character's bytes). The rest is dropped before the count.
+_SHAPE = b'"[]{}'
+_NOT_SHAPE = bytes(b for b in range(256) if b not in _SHAPE)
+#: What each byte adds to the depth.
+_DEPTH_STEP = [1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256)].__getitem__
 
 
-def _nesting(text: str) -> int:
+def _nesting(body: bytes) -> int:
     """The document's nesting, counted without parsing it: the deepest running count of its
-    brackets outside strings (a string's ``"]]]"`` neither hides a level nor adds one). Of a
-    text that is not JSON, some number: the parse refuses it anyway."""
-    return max(accumulate(map(_DEPTH_STEP, _STRING_OR_BRACKET.findall(text)), initial=0))
+    brackets outside strings (a string's ``"]]]"`` neither hides a level nor adds one). Escaped
+    backslashes, then escaped quotes, go first (read left to right, as a parser does), then
+    all but quotes and brackets; what lies between the quotes is then strings' insides. Of a
+    body that is not JSON, some number: the parse refuses it anyway."""
+    shape = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SHAPE)
+    outside = b"".join(shape.split(b'"')[0::2])
+    return max(accumulate(map(_DEPTH_STEP, outside), initial=0))
 
 
 #: A request's JSON in one spelling (keys sorted, no spaces). Stored hashes depend on this

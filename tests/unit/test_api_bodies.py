@@ -106,11 +106,21 @@ def _depth(doc: object) -> int:
     return 0
 
 
-@settings(max_examples=500)
-@given(values)
+#: Values whose strings are made of what shapes JSON: quotes, backslashes, brackets.
+shapes = st.recursive(
+    st.text(alphabet='"\\[]{}/né', max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='"\\]}', max_size=4), inner)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=1000)
+@given(values | shapes)
 def test_the_nesting_count_is_the_depth(doc: object) -> None:
     for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, indent=1)):
-        assert bodies._nesting(text) == _depth(doc)
+        assert bodies._nesting(text.encode()) == _depth(doc)
 
 
 def test_brackets_in_strings_neither_hide_levels_nor_add_them() -> None:
