@@ -9,10 +9,9 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
    server's lock table (``notifier.db.api.SLOTLESS_KEYS``);
 2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
    key was used with the same request is a replay, with another request refused;
-3. the rest are copied into a staging table and inserted from it in one statement
-   (``producers.enqueue_rows``); a key that a SQL producer wrote as a ``dedupe_key`` itself is
-   refused ``key_in_use``;
-4. the new keys' requests are recorded in one statement.
+3. the rest are inserted, and each new key's request kept beside it, in one statement (a
+   batch's rows copied into a staging table first: ``notifier.db.api.write_requests``); a key
+   that a SQL producer wrote as a ``dedupe_key`` itself is refused ``key_in_use``.
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
@@ -33,7 +32,6 @@ from notifier import client
 from notifier.api import bodies
 from notifier.api.bodies import ApiError
 from notifier.db import api as api_db
-from notifier.db import producers
 from notifier.db.api import KeyRow
 
 IN_PROGRESS = ApiError(
@@ -159,10 +157,12 @@ def _insert(
     if not fresh:
         return
     chosen = [items[i] for i in fresh]
-    rows = [one.values for one in chosen if isinstance(one, Item) and one.values is not None]
+    made = [(one, one.values) for one in chosen if isinstance(one, Item) and one.values is not None]
+    rows = [values for _, values in made]
+    hashes = [one.digest if one.dedupe_key else None for one, _ in made]  # keyless: none kept
     try:
         with conn.begin_nested():
-            written = producers.enqueue_rows(conn, rows)
+            written = api_db.write_requests(conn, key.id, rows, hashes)
     except DBAPIError as exc:
         if _outage(exc):
             raise
@@ -171,7 +171,6 @@ def _insert(
         return
     by_key = {dedupe: row_id for row_id, dedupe in written if dedupe is not None}
     keyless = iter(row_id for row_id, dedupe in written if dedupe is None)
-    recorded = []
     for index, one in zip(fresh, chosen, strict=True):
         assert isinstance(one, Item)
         if one.dedupe_key is None:
@@ -179,11 +178,8 @@ def _insert(
         elif one.dedupe_key in by_key:
             row_id = by_key[one.dedupe_key]
             outcomes[index] = Created(row_id, one.idempotency_key, False)
-            recorded.append((one.dedupe_key, key.id, one.digest, row_id))
         else:
             outcomes[index] = IN_USE
-    if recorded:
-        api_db.record_requests(conn, recorded)
 
 
 def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
@@ -192,12 +188,11 @@ def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
         return one if isinstance(one, ApiError) else IN_PROGRESS
     try:
         with conn.begin_nested():
-            written = producers.enqueue_rows(conn, [one.values])
+            hashes = [one.digest if one.dedupe_key else None]
+            written = api_db.write_requests(conn, key.id, [one.values], hashes)
             if not written:
                 return IN_USE
             row_id = written[0][0]
-            if one.dedupe_key is not None:
-                api_db.record_requests(conn, [(one.dedupe_key, key.id, one.digest, row_id)])
     except DBAPIError as exc:
         if _outage(exc):
             raise

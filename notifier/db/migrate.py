@@ -77,7 +77,7 @@ def migrate(
 
 
 #: The database's own privileges (not its schema's) that notifier's roles need: the API writes a
-#: batch through a temporary table of its session (``producers.enqueue_rows``). PostgreSQL grants
+#: batch through a temporary table of its session (``api.write_requests``). PostgreSQL grants
 #: ``TEMPORARY`` to ``PUBLIC`` by default and hardened databases revoke it; a grant on a database
 #: is not carried by a dump restored into another or a copy made from it as a template, so it is
 #: made again by every ``notifier migrate`` rather than once by a migration.

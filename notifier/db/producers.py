@@ -6,8 +6,7 @@ holds; nothing here commits.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -15,19 +14,21 @@ import psycopg
 from sqlalchemy import Connection, text
 
 from notifier.db import profiles
-from notifier.db.engine import driver, driver_errors
 from notifier.db.sql import for_driver
 from notifier.db.templates import TEMPLATES_OF, TemplateRow
 from notifier.models import Profile
 
-ENQUEUE = """
-    INSERT INTO notifications
-           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard, template, locale, category, profile)
-    VALUES (:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
+#: The columns a producer's row is written with, and the values of ``enqueue_row``'s for them.
+INSERTED = """channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+              next_attempt_at, expires_at, guard, template, locale, category, profile"""
+VALUES = """:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
             :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
             CAST(:expires_at AS timestamptz), :guard, :template, :locale,
-            CAST(:category AS text), CAST(:profile AS text))
+            CAST(:category AS text), CAST(:profile AS text)"""
+
+ENQUEUE = f"""
+    INSERT INTO notifications ({INSERTED})
+    VALUES ({VALUES})
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
 """
@@ -68,7 +69,8 @@ def enqueue_row(conn: ProducerConnection, values: Mapping[str, Any]) -> tuple[in
     return int(existing[0]), False
 
 
-#: What a row to write names, with the type it is staged as.
+#: What a row to write names, with the type it is staged as (a batch's rows are copied into a
+#: table of these columns: ``notifier.db.api.write_requests``).
 _STAGED_TYPES = (
     ("channel", "text"),
     ("recipient", "text"),
@@ -87,55 +89,14 @@ _STAGED_TYPES = (
     ("profile", "text"),
 )
 STAGED = tuple(name for name, _type in _STAGED_TYPES)
-_STAGED_VALUES = itemgetter(*STAGED)
+#: A row's values in the order of ``STAGED``.
+STAGED_VALUES = itemgetter(*STAGED)
+#: The columns of a table rows are staged in.
 ROW_COLUMNS = ", ".join(f"{name} {type_}" for name, type_ in _STAGED_TYPES)
-
-# Rows in the order given (their ids too, as identity values are drawn in that order); a row
-# whose dedupe_key exists is left out of what comes back. The rows arrive by COPY into a
-# session's own staging table, stamped with the call that staged them: no JSON to build or
-# parse, and the table emptied at commit, in one go, not row by row (a DELETE of the staged
-# rows cost PostgreSQL about 1.5 us a row of the 13 the statements took). A second call in the
-# same transaction reads its own rows only.
-STAGE_ROWS = f"""
-    CREATE TEMP TABLE IF NOT EXISTS notifications_staging (call bigint, ord integer, {ROW_COLUMNS})
-    ON COMMIT DELETE ROWS
-"""
-COPY_STAGED = f"COPY notifications_staging (call, ord, {', '.join(STAGED)}) FROM STDIN"
-ENQUEUE_STAGED = """
-    INSERT INTO notifications
-           (channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-            next_attempt_at, expires_at, guard, template, locale, category, profile)
-    SELECT channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
-           coalesce(send_at, now()), expires_at, guard, template, locale, category, profile
-      FROM notifications_staging
-     WHERE call = %(call)s
-     ORDER BY ord
-    ON CONFLICT (dedupe_key) DO NOTHING
-    RETURNING id, dedupe_key
-"""
-#: Each call's stamp on the rows it stages.
-_CALLS = itertools.count()
-
-
-def enqueue_rows(
-    conn: Connection, rows: Sequence[Mapping[str, Any]]
-) -> list[tuple[int, str | None]]:
-    """Insert rows (each as ``enqueue_row`` takes it, its payload JSON text) in one statement,
-    in ``conn``'s transaction: (id, dedupe_key) of each written, in the order given; a row whose
-    key existed is not among them. One row is one plain INSERT (one round trip, where staging
-    takes three)."""
-    if len(rows) == 1:
-        written = _producer_execute(conn, ENQUEUE, rows[0])
-        return [] if written is None else [(int(written[0]), rows[0]["dedupe_key"])]
-    raw = driver(conn)
-    with driver_errors(conn), raw.cursor() as cur:
-        call = next(_CALLS)
-        cur.execute(STAGE_ROWS)
-        with cur.copy(COPY_STAGED) as copy:
-            for ord_, row in enumerate(rows):
-                copy.write_row((call, ord_, *_STAGED_VALUES(row)))
-        cur.execute(ENQUEUE_STAGED, {"call": call})
-        return sorted((int(i), key) for i, key in cur.fetchall())
+#: The values ``INSERTED`` takes from such a table.
+FROM_STAGED = """channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
+                 coalesce(send_at, now()), expires_at, guard, template, locale, category,
+                 profile"""
 
 
 def cancel_by_key(conn: ProducerConnection, dedupe_key: str, reason: str) -> int | None:

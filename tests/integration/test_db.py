@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, TextClause, text
 
+from notifier.api import keys
 from notifier.db import api, producers, queue, rescue
 from notifier.db.engine import driver
 from notifier.db.sql import number_array, text_array
@@ -297,17 +298,61 @@ def _staged_row(key: str | None) -> dict[str, object]:
             "max_attempts": 5, "priority": 0}  # fmt: skip
 
 
+def _write(conn: Connection, *dedupe_keys: str | None) -> list[tuple[int, str | None]]:
+    key_id = conn.execute(text("SELECT min(id) FROM api_keys")).scalar_one()
+    staged = [_staged_row(key) for key in dedupe_keys]
+    hashes = [None if k is None else k.encode() for k in dedupe_keys]
+    return api.write_requests(conn, key_id, staged, hashes)
+
+
 def test_rows_staged_twice_in_a_transaction_are_each_written_once(engine: Engine) -> None:
     with engine.begin() as conn:
-        first = producers.enqueue_rows(conn, [_staged_row("s:1"), _staged_row(None)])
-        again = producers.enqueue_rows(conn, [_staged_row("s:1"), _staged_row("s:2")])
+        api.create_key(conn, keys.make("p").row)
+        first = _write(conn, "s:1", None)
+        again = _write(conn, "s:1", "s:2")
     with engine.begin() as conn:  # the staging table is empty for the next transaction
-        later = producers.enqueue_rows(conn, [_staged_row("s:3"), _staged_row("s:4")])
-        staged = conn.execute(text("SELECT count(*) FROM notifications_staging")).scalar_one()
+        later = _write(conn, "s:3", "s:4")
+        one = _write(conn, "s:5")
+        staged = conn.execute(text("SELECT count(*) FROM api_staging")).scalar_one()
         written = conn.execute(text("SELECT count(*) FROM notifications")).scalar_one()
+        kept = conn.execute(
+            text("SELECT r.dedupe_key, r.body_hash, n.dedupe_key FROM api_requests AS r"
+                 " JOIN notifications AS n ON n.id = r.notification_id ORDER BY r.dedupe_key")
+        ).all()  # fmt: skip
     assert [key for _, key in first] == ["s:1", None]
     assert [key for _, key in again] == ["s:2"]  # s:1 exists: left out, not written twice
     assert [key for _, key in later] == ["s:3", "s:4"]
-    assert (staged, written) == (2, 5)  # this transaction's own rows, until it commits
-    ids = [i for i, _ in first + again + later]
+    assert [key for _, key in one] == ["s:5"]
+    assert (staged, written) == (2, 6)  # this transaction's own rows, until it commits
+    ids = [i for i, _ in first + again + later + one]
     assert ids == sorted(ids)
+    # each keyed row's request kept beside it, once; the keyless row's none
+    assert kept == [(f"s:{n}", f"s:{n}".encode(), f"s:{n}") for n in range(1, 6)]
+
+
+def test_a_batch_with_one_key_twice_is_refused_before_it_is_written(engine: Engine) -> None:
+    with engine.begin() as conn:
+        api.create_key(conn, keys.make("p").row)
+        with pytest.raises(ValueError, match="one dedupe_key"):
+            _write(conn, "d:1", None, "d:1")
+
+
+def test_a_batch_is_written_without_a_loop_over_its_staged_rows(engine: Engine) -> None:
+    """The written rows are matched to their staged requests by a hash, whatever the
+    temporary table's (absent) statistics: no comparison of every row with every other."""
+    staged = [{**_staged_row(f"j:{n}"), "body_hash": b"h"} for n in range(1_000)]
+    with engine.begin() as conn:
+        key_id = api.create_key(conn, keys.make("p").row)
+        with driver(conn).cursor() as cur:
+            cur.execute(api.STAGE_ROWS)
+            with cur.copy(api.COPY_STAGED) as copy:
+                for n, row in enumerate(staged):
+                    copy.write_row((7, n, row["body_hash"], *producers.STAGED_VALUES(row)))
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + api.WRITE_STAGED,
+                        {"call": 7, "key_id": key_id})  # fmt: skip
+            [[plan]] = cur.fetchall()
+        kept = conn.execute(text("SELECT count(*) FROM api_requests")).scalar_one()
+    assert kept == 1_000
+    nodes = json.dumps(plan)
+    assert '"Rows Removed by Join Filter"' not in nodes
+    assert '"Hash Join"' in nodes
