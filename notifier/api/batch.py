@@ -4,9 +4,10 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
 ``notifier.client.checked_row``), and refused on its own. Then, in the caller's transaction:
 
 1. the items' idempotency keys are held (advisory locks, tried, never waited for: a key that
-   another request holds answers its item 409 ``in_progress``), in one statement; a request
-   of many keys first waits for one of a few batch slots, so that batches never fill the
-   server's lock table (``notifier.db.api.SLOTLESS_KEYS``);
+   another request holds answers its item 409 ``in_progress``), and the transaction's
+   producer named (the key's name, which its rows carry), in one statement; a request of many
+   keys first waits for one of a few batch slots, so that batches never fill the server's
+   lock table (``notifier.db.api.SLOTLESS_KEYS``);
 2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
    key was used with the same request is a replay, with another request refused;
 3. the rest are inserted, and each new key's request kept beside it, in one statement (a
@@ -15,7 +16,8 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
-the bad item is refused. A database that fails to run it (a lost connection, a statement past
+the bad item is refused (a request of one item is refused with its transaction undone: it
+has no savepoint). A database that fails to run it (a lost connection, a statement past
 ``NOTIFIER_API_STATEMENT_TIMEOUT_SECONDS``) refuses nothing: the request is answered 503.
 """
 
@@ -93,15 +95,23 @@ def item(
 
 
 def write(
-    conn: Connection, key: KeyRow, items: Sequence[Item | ApiError], slots: int = 1
+    conn: Connection,
+    key: KeyRow,
+    items: Sequence[Item | ApiError],
+    slots: int = 1,
+    *,
+    single: bool = False,
 ) -> list[Outcome]:
-    """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal). A
-    request of many keys first takes one of ``slots`` batch slots (``api.take_batch_slot``)."""
+    """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal), its row
+    written as ``key``'s producer's. A request of many keys first takes one of ``slots`` batch
+    slots (``api.take_batch_slot``).
+    ``single``: the request's one item, which the database's refusal of raises (``ApiError``,
+    for the caller to undo its transaction), with no savepoint to undo it to."""
     outcomes: list[Outcome | None] = [i if isinstance(i, ApiError) else None for i in items]
     keyed = sorted({i.dedupe_key for i in items if isinstance(i, Item) and i.dedupe_key})
     if len(keyed) > api_db.SLOTLESS_KEYS:
         api_db.take_batch_slot(conn, slots)
-    held = api_db.hold_keys(conn, keyed) if keyed else set()
+    held = api_db.open_request(conn, key.name, keyed)
     firsts = api_db.first_requests(conn, sorted(held)) if held else {}
     earlier: dict[str, int] = {}  # a key's first item in this request
     fresh: list[int] = []
@@ -127,7 +137,7 @@ def write(
             outcomes[index] = ApiError(422, "invalid_notification", str(exc))
             continue
         fresh.append(index)
-    _insert(conn, key, items, fresh, outcomes)
+    _insert(conn, key, items, fresh, outcomes, single=single)
     for index, one in enumerate(items):  # an item repeating an earlier item's key
         if isinstance(one, Item) and outcomes[index] is None:
             outcomes[index] = _repeat(items[earlier[one.dedupe_key or ""]], one, outcomes, earlier)
@@ -153,6 +163,8 @@ def _insert(
     items: Sequence[Item | ApiError],
     fresh: list[int],
     outcomes: list[Outcome | None],
+    *,
+    single: bool,
 ) -> None:
     if not fresh:
         return
@@ -161,11 +173,16 @@ def _insert(
     rows = [values for _, values in made]
     hashes = [one.digest if one.dedupe_key else None for one, _ in made]  # keyless: none kept
     try:
-        with conn.begin_nested():
+        if single:  # a refusal undoes the request's transaction: no savepoint's two round trips
             written = api_db.write_requests(conn, key.id, rows, hashes)
+        else:
+            with conn.begin_nested():
+                written = api_db.write_requests(conn, key.id, rows, hashes)
     except DBAPIError as exc:
         if _outage(exc):
             raise
+        if single:
+            raise _refused(exc) from None
         for index in fresh:
             outcomes[index] = _alone(conn, key, items[index])
         return
@@ -196,9 +213,14 @@ def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
     except DBAPIError as exc:
         if _outage(exc):
             raise
-        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
-        return ApiError(422, "invalid_notification", f"the database refused it: {reason}")
+        return _refused(exc)
     return Created(row_id, one.idempotency_key, False)
+
+
+def _refused(exc: DBAPIError) -> ApiError:
+    """An item's refusal for the database's error writing it."""
+    reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+    return ApiError(422, "invalid_notification", f"the database refused it: {reason}")
 
 
 def _outage(exc: DBAPIError) -> bool:

@@ -95,8 +95,7 @@ class Service:
         now = self.clock()
         one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, now, fields))
         with self.engine.begin() as conn:
-            api_db.name_producer(conn, key.name)
-            [outcome] = batch.write(conn, key, [one])
+            [outcome] = batch.write(conn, key, [one], single=True)
         if isinstance(outcome, ApiError):
             raise outcome
         return outcome
@@ -122,7 +121,6 @@ class Service:
         with self.engine.begin() as conn:
             if self._slots is None:
                 self._slots = api_db.batch_slots(conn, self.settings.api_max_batch)
-            api_db.name_producer(conn, key.name)
             outcomes = batch.write(conn, key, items, self._slots)
         return [
             {"index": index, "status": "refused", **outcome.document()}

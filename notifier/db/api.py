@@ -3,7 +3,7 @@ with, and a key's own rows, read and cancelled.
 
 Every statement that reads or cancels a row names the key's producer in its ``WHERE``: a key
 never sees, or learns of, another producer's row (the answer is the same as for no row). Rows
-are written by ``notifier.db.producers`` after ``name_producer`` names the transaction's
+are written by ``write_requests`` after ``open_request`` names the transaction's
 ``notifier.producer``, which the column's default fills in.
 """
 
@@ -93,11 +93,6 @@ def revoke_key(conn: Connection, prefix: str) -> bool:
     return found is not None
 
 
-def name_producer(conn: Connection, producer: str) -> None:
-    """Rows this transaction writes carry ``producer`` (the column's default reads it)."""
-    conn.execute(text("SELECT set_config('notifier.producer', :name, true)"), {"name": producer})
-
-
 # Lists travel as one JSON text each: psycopg builds a text[] of a thousand keys in Python, a
 # JSON array is one C call.
 
@@ -142,17 +137,21 @@ def take_batch_slot(conn: Connection, slots: int) -> None:
         conn.execute(WAIT_BATCH_SLOT, {"slots": slots})
 
 
-def hold_keys(conn: Connection, dedupe_keys: Sequence[str]) -> set[str]:
-    """Hold each of ``dedupe_keys`` for this transaction (advisory locks, tried in the order
-    given, never waited for); those it holds now, not those another request holds."""
-    found = conn.execute(
-        text(
-            "SELECT k FROM jsonb_array_elements_text(CAST(:keys AS jsonb)) WITH ORDINALITY"
-            " AS u(k, n) WHERE pg_try_advisory_xact_lock(hashtextextended(k, 26)) ORDER BY n"
-        ),
-        {"keys": json.dumps(list(dedupe_keys), ensure_ascii=False)},
-    )
-    return set(found.scalars().all())
+OPEN_REQUEST = text(
+    "SELECT set_config('notifier.producer', :name, true),"
+    " ARRAY(SELECT k FROM jsonb_array_elements_text(CAST(:keys AS jsonb)) WITH ORDINALITY"
+    " AS u(k, n) WHERE pg_try_advisory_xact_lock(hashtextextended(k, 26)) ORDER BY n)"
+)
+
+
+def open_request(conn: Connection, producer: str, dedupe_keys: Sequence[str]) -> set[str]:
+    """Name this transaction's producer (rows it writes carry it: the column's default reads
+    it) and hold each of ``dedupe_keys`` for it (advisory locks, tried in the order given,
+    never waited for), in one statement: the keys it holds now, not those another request
+    holds."""
+    keys = json.dumps(list(dedupe_keys), ensure_ascii=False)
+    _, held = conn.execute(OPEN_REQUEST, {"name": producer, "keys": keys}).one()
+    return set(held)
 
 
 # The keys as one array, computed once (an InitPlan), so the primary key is probed for each

@@ -426,6 +426,37 @@ def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
     assert replay.json() == {"id": results[0]["id"], "idempotency_key": "a", "replayed": True}
 
 
+def test_a_single_row_the_database_refuses_is_refused_and_its_key_left_free(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    with engine.begin() as conn:  # a fault for real: the database refuses one recipient's row
+        conn.execute(
+            text(
+                "CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.recipient = 'refused@example.com' THEN"
+                " RAISE EXCEPTION 'this recipient is refused'; END IF; RETURN NEW; END $$;"
+                " CREATE TRIGGER refuse_row BEFORE INSERT ON notifications"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_row()"
+            )
+        )
+    key, idem = make_key(), {"Idempotency-Key": "k1"}
+    refused = call(api, key, "POST", "/v1/notifications",
+                   json={**MAIL, "to": "refused@example.com"}, headers=idem)  # fmt: skip
+    assert refused.status_code == 422
+    assert refused.json()["error"] == {
+        "code": "invalid_notification",
+        "message": "the database refused it: this recipient is refused",
+        "field": None,
+    }
+    assert rows(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM api_requests")).scalar_one() == 0
+    made = call(api, key, "POST", "/v1/notifications", json=MAIL, headers=idem)
+    assert made.status_code == 201  # the key was not kept for the refused request
+    assert made.json()["replayed"] is False
+    assert [r[3] for r in rows(engine)] == ["ann@example.com"]
+
+
 def test_the_documented_curl_example_works_as_written(
     api: str, make_key: MakeKey, engine: Engine
 ) -> None:
