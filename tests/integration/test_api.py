@@ -396,10 +396,9 @@ def test_the_api_runs_as_a_notifier_api_login_which_may_do_nothing_more(
             conn.execute(text(f"GRANT {hardened} TO PUBLIC"))
 
 
-def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
-    api: str, make_key: MakeKey, engine: Engine
-) -> None:
-    with engine.begin() as conn:  # a fault for real: the database refuses one recipient's row
+def _refuse_a_recipient(engine: Engine) -> None:
+    """A fault for real: the database refuses a row for refused@example.com."""
+    with engine.begin() as conn:
         conn.execute(
             text(
                 "CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
@@ -409,6 +408,12 @@ def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
                 " FOR EACH ROW EXECUTE FUNCTION refuse_row()"
             )
         )
+
+
+def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    _refuse_a_recipient(engine)
     items = [
         {**MAIL, "idempotency_key": "a"},
         {**MAIL, "to": "refused@example.com"},
@@ -429,16 +434,7 @@ def test_a_row_the_database_refuses_is_refused_alone_in_its_batch(
 def test_a_single_row_the_database_refuses_is_refused_and_its_key_left_free(
     api: str, make_key: MakeKey, engine: Engine
 ) -> None:
-    with engine.begin() as conn:  # a fault for real: the database refuses one recipient's row
-        conn.execute(
-            text(
-                "CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                " IF NEW.recipient = 'refused@example.com' THEN"
-                " RAISE EXCEPTION 'this recipient is refused'; END IF; RETURN NEW; END $$;"
-                " CREATE TRIGGER refuse_row BEFORE INSERT ON notifications"
-                " FOR EACH ROW EXECUTE FUNCTION refuse_row()"
-            )
-        )
+    _refuse_a_recipient(engine)
     key, idem = make_key(), {"Idempotency-Key": "k1"}
     refused = call(api, key, "POST", "/v1/notifications",
                    json={**MAIL, "to": "refused@example.com"}, headers=idem)  # fmt: skip
