@@ -8,11 +8,13 @@ Each item is checked in Python first (its JSON, the key's scope, the worker's ow
    producer named (the key's name, which its rows carry), in one statement; a request of many
    keys first waits for one of a few batch slots, so that batches never fill the server's
    lock table (``notifier.db.api.SLOTLESS_KEYS``);
-2. what each key was first asked with is read (``api_requests``), in one statement: an item whose
-   key was used with the same request is a replay, with another request refused;
-3. the rest are inserted, and each new key's request kept beside it, in one statement (a
-   batch's rows copied into a staging table first: ``notifier.db.api.write_requests``); a key
-   that a SQL producer wrote as a ``dedupe_key`` itself is refused ``key_in_use``.
+2. the items are inserted, and each new key's request kept beside it, in one statement (a
+   batch's rows copied into a staging table first: ``notifier.db.api.write_requests``), but
+   for those whose key was used before;
+3. for those, and for refused items with a key, what their key was first asked with is read
+   (``api_requests``), in one statement, only if there are any: an item whose key was used
+   with the same request is a replay, with another request refused; a key that a SQL producer
+   wrote as a ``dedupe_key`` itself is refused ``key_in_use``.
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
@@ -112,7 +114,6 @@ def write(
     if len(keyed) > api_db.SLOTLESS_KEYS:
         api_db.take_batch_slot(conn, slots)
     held = api_db.open_request(conn, key.name, keyed)
-    firsts = api_db.first_requests(conn, sorted(held)) if held else {}
     earlier: dict[str, int] = {}  # a key's first item in this request
     fresh: list[int] = []
     for index, one in enumerate(items):
@@ -122,11 +123,6 @@ def write(
         if dedupe is not None:
             if dedupe not in held:
                 outcomes[index] = IN_PROGRESS
-                continue
-            if dedupe in firsts:
-                _, digest, row_id = firsts[dedupe]
-                same = digest == one.digest
-                outcomes[index] = Created(row_id, one.idempotency_key, True) if same else REUSED
                 continue
             if dedupe in earlier:
                 continue  # decided once the first is written
@@ -138,10 +134,42 @@ def write(
             continue
         fresh.append(index)
     _insert(conn, key, items, fresh, outcomes, single=single)
+    _replays(
+        conn, items, [i for i in earlier.values() if not isinstance(outcomes[i], Created)], outcomes
+    )
     for index, one in enumerate(items):  # an item repeating an earlier item's key
         if isinstance(one, Item) and outcomes[index] is None:
             outcomes[index] = _repeat(items[earlier[one.dedupe_key or ""]], one, outcomes, earlier)
     return [o if o is not None else IN_PROGRESS for o in outcomes]
+
+
+def _replays(
+    conn: Connection,
+    items: Sequence[Item | ApiError],
+    unsure: list[int],
+    outcomes: list[Outcome | None],
+) -> None:
+    """The outcome of each keyed item of ``unsure``, not written (or refused), as what its key
+    was first asked with decides it: a replay of that request's row for the same notification,
+    a refusal for another; a key never asked for before is a SQL producer's (``key_in_use``) or
+    stays refused. Read only for these: a new key's request is written, not looked for."""
+    if not unsure:
+        return
+    firsts = api_db.first_requests(conn, sorted({_key_of(items[i]) for i in unsure}))
+    for index in unsure:
+        one = items[index]
+        assert isinstance(one, Item)
+        found = firsts.get(_key_of(one))
+        if found is not None:
+            _, digest, row_id = found
+            same = digest == one.digest
+            outcomes[index] = Created(row_id, one.idempotency_key, True) if same else REUSED
+        elif outcomes[index] is None:
+            outcomes[index] = IN_USE
+
+
+def _key_of(one: Item | ApiError) -> str:
+    return one.dedupe_key or "" if isinstance(one, Item) else ""
 
 
 def _repeat(
@@ -195,12 +223,12 @@ def _insert(
         elif one.dedupe_key in by_key:
             row_id = by_key[one.dedupe_key]
             outcomes[index] = Created(row_id, one.idempotency_key, False)
-        else:
-            outcomes[index] = IN_USE
+        # else: its key was used before (``_replays`` tells how)
 
 
-def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
-    """One item written in a savepoint of its own: its row, or why the database refused it."""
+def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome | None:
+    """One item written in a savepoint of its own: its row, why the database refused it, or
+    ``None`` if its key was used before."""
     if not isinstance(one, Item) or one.values is None:
         return one if isinstance(one, ApiError) else IN_PROGRESS
     try:
@@ -208,7 +236,7 @@ def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome:
             hashes = [one.digest if one.dedupe_key else None]
             written = api_db.write_requests(conn, key.id, [one.values], hashes)
             if not written:
-                return IN_USE
+                return None
             row_id = written[0][0]
     except DBAPIError as exc:
         if _outage(exc):

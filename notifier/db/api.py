@@ -175,14 +175,16 @@ def first_requests(
 
 
 # A request's rows and, beside each keyed row written, what it was asked with (its key's
-# request hash, ``api_requests``), in one statement: a row whose dedupe_key exists is not
-# written, nor its request kept, and is left out of what comes back. A row's request is kept
-# when it has a hash (``body_hash``), which a row without a key never has.
+# request hash, ``api_requests``), in one statement: a row whose dedupe_key exists, or was
+# asked for before (its row may be gone, its key is still used), is not written, nor its
+# request kept, and is left out of what comes back. A row's request is kept when it has a hash
+# (``body_hash``), which a row without a key never has.
 WRITE_ONE = text(
     f"""
     WITH written AS (
         INSERT INTO notifications ({producers.INSERTED})
-        VALUES ({producers.VALUES})
+        SELECT {producers.VALUES}
+         WHERE NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
         ON CONFLICT (dedupe_key) DO NOTHING
         RETURNING id, dedupe_key
     ), kept AS (
@@ -218,8 +220,9 @@ WRITE_STAGED = f"""
     WITH written AS (
         INSERT INTO notifications ({producers.INSERTED})
         SELECT {producers.FROM_STAGED}
-          FROM api_staging
+          FROM api_staging AS s
          WHERE call >= %(call)s
+           AND NOT EXISTS (SELECT FROM api_requests AS r WHERE r.dedupe_key = s.dedupe_key)
          ORDER BY ord
         ON CONFLICT (dedupe_key) DO NOTHING
         RETURNING id, dedupe_key
@@ -241,8 +244,9 @@ def write_requests(
     """Insert rows (each as ``producers.enqueue_row`` takes it, its payload JSON text, no two
     with one dedupe_key) in ``conn``'s transaction, and keep each written row's request hash
     (``hashes``, one a row; ``None``: none to keep) for key ``key_id``, in one statement:
-    (id, dedupe_key) of each written, in the order given; a row whose key existed is not among
-    them. One row is one INSERT (one round trip, where staging takes three)."""
+    (id, dedupe_key) of each written, in the order given; a row whose key was used (by a row,
+    or by a request before) is not among them. One row is one INSERT (one round trip, where
+    staging takes three)."""
     if len(rows) == 1:
         params = {**rows[0], "key_id": key_id, "body_hash": hashes[0]}
         return [(int(i), key) for i, key in conn.execute(WRITE_ONE, params)]

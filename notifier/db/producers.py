@@ -18,11 +18,13 @@ from notifier.db.sql import for_driver
 from notifier.db.templates import TEMPLATES_OF, TemplateRow
 from notifier.models import Profile
 
-#: The columns a producer's row is written with, and the values of ``enqueue_row``'s for them.
+#: The columns a producer's row is written with, and the values of ``enqueue_row``'s for them
+#: (each of a type of its own: they may be selected, not only be a row's VALUES).
 INSERTED = """channel, recipient, subject, body, payload, dedupe_key, max_attempts, priority,
               next_attempt_at, expires_at, guard, template, locale, category, profile"""
 VALUES = """:channel, :recipient, :subject, :body, CAST(:payload AS jsonb), :dedupe_key,
-            :max_attempts, :priority, coalesce(CAST(:send_at AS timestamptz), now()),
+            CAST(:max_attempts AS integer), CAST(:priority AS integer),
+            coalesce(CAST(:send_at AS timestamptz), now()),
             CAST(:expires_at AS timestamptz), :guard, :template, :locale,
             CAST(:category AS text), CAST(:profile AS text)"""
 

@@ -130,6 +130,39 @@ def test_an_idempotency_key_writes_once_replays_the_same_body_and_refuses_anothe
     assert by_key.json()["idempotency_key"] == "k1"
 
 
+def test_a_key_is_kept_after_its_row_is_purged_and_after_its_checks_changed(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    key = make_key()
+    made = [
+        call(api, key, "POST", "/v1/notifications", json=MAIL, headers={"Idempotency-Key": "g1"}),
+        call(api, key, "POST", "/v1/notifications/batch",
+             json={"notifications": [{**MAIL, "idempotency_key": "g2"}]}),
+    ]  # fmt: skip
+    ids = [made[0].json()["id"], made[1].json()["results"][0]["id"]]
+    with engine.begin() as conn:  # as the purge of finished rows does, past their retention
+        assert conn.execute(text("DELETE FROM notifications")).rowcount == 2
+    again = call(
+        api, key, "POST", "/v1/notifications", json=MAIL, headers={"Idempotency-Key": "g1"}
+    )
+    assert (again.status_code, again.json()) == (
+        201, {"id": ids[0], "idempotency_key": "g1", "replayed": True}
+    )  # fmt: skip
+    items = [
+        {**MAIL, "idempotency_key": "g2"},  # a replay
+        {**MAIL, "idempotency_key": "g1", "body": "Other"},  # another request: refused
+        {**MAIL, "idempotency_key": "g3", "channel": "pigeon"},  # refused by its checks
+        {**MAIL, "idempotency_key": "g1", "channel": "pigeon"},  # refused, and reused
+    ]
+    batch = call(api, key, "POST", "/v1/notifications/batch", json={"notifications": items})
+    results = batch.json()["results"]
+    assert [r["status"] for r in results] == ["replayed", "refused", "refused", "refused"]
+    assert results[0]["id"] == ids[1]
+    codes = [r["error"]["code"] for r in results[1:]]
+    assert codes == ["idempotency_key_reused", "invalid_notification", "idempotency_key_reused"]
+    assert rows(engine) == []  # nothing written again
+
+
 def test_concurrent_requests_with_one_key_write_one_row(
     api: str, make_key: MakeKey, engine: Engine
 ) -> None:
