@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -62,6 +62,8 @@ class Asked:
 
 #: An operation: the key's request answered, in a worker thread.
 Action = Callable[[KeyRow, Asked], Response]
+#: A write answered in the transaction its key was read in.
+Write = Callable[[Connection, KeyRow, Asked], Response]
 
 
 def create_app(
@@ -88,9 +90,12 @@ def create_app(
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def keyed(action: Action) -> Callable[[Request], Awaitable[Response]]:
+    def keyed(
+        action: Action, write: Write | None = None
+    ) -> Callable[[Request], Awaitable[Response]]:
         """The route's endpoint: the key checked, counted and served in one thread hop (each
-        hop waits for the GIL, which many threads under load share)."""
+        hop waits for the GIL, which many threads under load share). A POST the route has a
+        ``write`` for is served in one transaction with its key's read."""
 
         async def endpoint(request: Request) -> Response:
             asked = Asked(
@@ -105,19 +110,25 @@ def create_app(
             header = request.headers.get("authorization")
             state = request.state
 
-            def serve() -> Response:
-                key = service.authenticate(header)
+            def admitted(conn: Connection | None = None) -> KeyRow:
+                key = service.authenticate(header, conn)
                 state.key_prefix = key.prefix
                 service.admit(key)
-                return action(key, asked)
+                return key
+
+            def serve() -> Response:
+                if write is not None and asked.method == "POST":
+                    with engine.begin() as conn:
+                        return write(conn, admitted(conn), asked)
+                return action(admitted(), asked)
 
             return await run_in_threadpool(serve)
 
         return endpoint
 
-    def create(key: KeyRow, asked: Asked) -> Response:
+    def create(conn: Connection, key: KeyRow, asked: Asked) -> Response:
         idem = bodies.idempotency_key(asked.idempotency_key)
-        made = service.create(key, _json(asked), idem)
+        made = service.create(conn, key, _json(asked), idem)
         headers = {"Idempotent-Replayed": "true"} if made.replayed else {}
         return JSONResponse(made.document(), status_code=201, headers=headers)
 
@@ -149,9 +160,6 @@ def create_app(
         idem = bodies.idempotency_key(str(given), "idempotency_key")
         return JSONResponse(service.cancel(key, idem=idem))
 
-    def notifications(key: KeyRow, asked: Asked) -> Response:
-        return (create if asked.method == "POST" else read)(key, asked)
-
     def profile(key: KeyRow, asked: Asked) -> Response:
         if asked.method == "PUT":
             return JSONResponse(people.upsert(key, asked.name or "", _json(asked)))
@@ -175,7 +183,7 @@ def create_app(
 
     routes = [
         # one route per path, so that a 405 lists every method the path has in its Allow
-        Route("/v1/notifications", keyed(notifications), methods=["GET", "POST"]),
+        Route("/v1/notifications", keyed(read, create), methods=["GET", "POST"]),
         Route("/v1/notifications/batch", keyed(create_many), methods=["POST"]),
         Route("/v1/notifications/cancel", keyed(cancel), methods=["POST"]),
         Route("/v1/notifications/{id:int}", keyed(read), methods=["GET"]),

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from notifier.api import batch, bodies, keys
 from notifier.api.batch import Created
@@ -53,14 +53,19 @@ class Service:
 
     # -- who asks ---------------------------------------------------------------------------
 
-    def authenticate(self, authorization: str | None) -> KeyRow:
-        """The live key an ``Authorization: Bearer <key>`` header presents; 401 otherwise."""
+    def authenticate(self, authorization: str | None, conn: Connection | None = None) -> KeyRow:
+        """The live key an ``Authorization: Bearer <key>`` header presents; 401 otherwise. Read
+        on ``conn`` when given (a write's, in its transaction: one pool checkout, and its ping,
+        fewer), else on a connection of its own."""
         scheme, _, presented = (authorization or "").partition(" ")
         prefix = keys.prefix_of(presented.strip()) if scheme.lower() == "bearer" else None
         if prefix is None:
             raise ApiError(401, "unauthorized", "send your API key as Authorization: Bearer nk_...")
-        with self._reads.connect() as conn:
+        if conn is not None:
             row = api_db.live_key(conn, prefix)
+        else:
+            with self._reads.connect() as own:
+                row = api_db.live_key(own, prefix)
         if row is None or not keys.matches(presented.strip(), row):
             raise ApiError(401, "unauthorized", "this API key is not valid (or was revoked)")
         return row
@@ -91,11 +96,14 @@ class Service:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def create(self, key: KeyRow, doc: Any, idempotency_key: str | None) -> Created:
+    def create(
+        self, conn: Connection, key: KeyRow, doc: Any, idempotency_key: str | None
+    ) -> Created:
+        """One notification written in ``conn``'s transaction (which a refusal raised from
+        here is to undo: nothing of it is kept)."""
         now = self.clock()
         one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, now, fields))
-        with self.engine.begin() as conn:
-            [outcome] = batch.write(conn, key, [one], single=True)
+        [outcome] = batch.write(conn, key, [one], single=True)
         if isinstance(outcome, ApiError):
             raise outcome
         return outcome
