@@ -359,6 +359,23 @@ def test_a_key_over_its_rate_is_told_when_to_come_back(
     assert (others, later) == (404, 404)  # each key its own count, each second anew
 
 
+def test_a_write_over_its_rate_writes_nothing(
+    engine: Engine, make_settings: MakeSettings, redis_url: str, make_key: MakeKey
+) -> None:
+    counter = redis.Redis.from_url(redis_url, socket_timeout=2)
+    now = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
+    app = create_app(make_settings(), engine, counter, clock=lambda: now)
+    key = make_key(per_second=1)
+    with serving(app, free_port()) as url:  # the key is read in the write's own transaction
+        answers = [
+            call(url, key, "POST", "/v1/notifications", json={**MAIL, "to": to},
+                 headers={"Idempotency-Key": to})
+            for to in ("ann@example.com", "bob@example.com")
+        ]  # fmt: skip
+    assert [a.status_code for a in answers] == [201, 429]
+    assert [r[3] for r in rows(engine)] == ["ann@example.com"]  # counted before it is written
+
+
 def test_an_outage_is_a_503_not_a_500(make_settings: MakeSettings, make_key: MakeKey) -> None:
     from notifier.db import make_engine
 
