@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from notifier.api import bodies
 from notifier.api.bodies import ApiError
+from notifier.delivery.checks import payload_depth
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
 
@@ -98,14 +99,6 @@ def test_the_canonical_spelling_is_json_dumps_own(doc: object) -> None:
     assert bodies.request_hash(doc) == hashlib.sha256(dumped.encode()).digest()
 
 
-def _depth(doc: object) -> int:
-    if isinstance(doc, dict):
-        return 1 + max(map(_depth, doc.values()), default=0)
-    if isinstance(doc, list):
-        return 1 + max(map(_depth, doc), default=0)
-    return 0
-
-
 #: Values whose strings are made of what shapes JSON: quotes, backslashes, brackets.
 shapes = st.recursive(
     st.text(alphabet='"\\[]{}/né', max_size=12),
@@ -120,7 +113,7 @@ shapes = st.recursive(
 @given(values | shapes)
 def test_the_nesting_count_is_the_depth(doc: object) -> None:
     for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, indent=1)):
-        assert bodies._nesting(text.encode()) == _depth(doc)
+        assert bodies._nesting(text.encode()) == payload_depth(doc)
 
 
 def test_brackets_in_strings_neither_hide_levels_nor_add_them() -> None:
