@@ -60,6 +60,13 @@ class Asked:
     body: bytes | None
 
 
+#: A batch's answer closes its connection: the client's next batch is accepted anew, by
+#: whichever of the API's processes gets to it first, the least busy as a rule. Kept open, a
+#: client's few connections stay where they were accepted, often all in one process (all four
+#: of the SDK's ``notify_many``, in half of one set of runs, the other process idle), as the
+#: processes share one listening socket. A batch is thousands of times a connection's cost.
+BALANCED = {"Connection": "close"}
+
 #: An operation: the key's request answered, in a worker thread.
 Action = Callable[[KeyRow, Asked], Response]
 #: A write answered in the transaction its key was read in.
@@ -133,7 +140,8 @@ def create_app(
         return JSONResponse(made.document(), status_code=201, headers=headers)
 
     def create_many(key: KeyRow, asked: Asked) -> Response:
-        return JSONResponse({"results": service.create_many(key, _json(asked))})
+        results = service.create_many(key, _json(asked))
+        return JSONResponse({"results": results}, headers=BALANCED)
 
     def read(key: KeyRow, asked: Asked) -> Response:
         if asked.row_id is not None:

@@ -3,8 +3,10 @@ HTTP client: keys, idempotency, batches, reads and cancels limited to a key's ow
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -338,6 +340,44 @@ def test_a_batch_writes_each_item_or_refuses_it_on_its_own(
     too_many = call(api, key, "POST", "/v1/notifications/batch",
                     json={"notifications": [MAIL] * 1001})  # fmt: skip
     assert too_many.status_code == 422
+
+
+def test_a_batch_answer_closes_its_connection_and_a_single_one_keeps_it(
+    api: str, make_key: MakeKey
+) -> None:
+    """So that a client's next batch is accepted anew, by whichever API process is free; a
+    single request's connection is kept for the next (it costs more than its request)."""
+    key = make_key()
+    address = httpx.URL(api)
+    body = json.dumps({"notifications": [MAIL]}).encode()
+    head = (
+        f"POST /v1/notifications/batch HTTP/1.1\r\nHost: {address.host}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((address.host, address.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes it
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"\r\nconnection: close\r\n" in answer.lower()
+    plain = http.client.HTTPConnection(address.host, address.port, timeout=10)
+    sockets = []
+    try:
+        for n in range(2):
+            headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": f"one-{n}"}
+            headers["Content-Type"] = "application/json"
+            plain.request("POST", "/v1/notifications", body=json.dumps(MAIL), headers=headers)
+            single = plain.getresponse()
+            assert single.status == 201
+            assert not single.will_close, single.getheaders()
+            single.read()
+            sockets.append(plain.sock)
+    finally:
+        plain.close()
+    assert sockets[0] is not None
+    assert sockets[1] is sockets[0]  # the second request went on the first one's connection
 
 
 def test_a_key_over_its_rate_is_told_when_to_come_back(
