@@ -1,7 +1,9 @@
 """Writing requests' notifications: one, or a batch, in a handful of statements whatever its size.
 
-Each item is checked in Python first (its JSON, the key's scope, the worker's own checks:
-``notifier.client.checked_row``), and refused on its own. Then, in the caller's transaction:
+Each item is checked first (its JSON, the key's scope, the worker's own checks:
+``notifier.client.checked_row``, which reads the profile and template it names in the caller's
+transaction), and refused on its own; an item repeating an earlier item's key is not checked
+again. Then, in that transaction:
 
 1. the items' idempotency keys are held (advisory locks, tried, never waited for: a key that
    another request holds answers its item 409 ``in_progress``), and the transaction's
@@ -110,20 +112,13 @@ def write(
     ``single``: the request's one item, which the database's refusal of raises (``ApiError``,
     for the caller to undo its transaction), with no savepoint to undo it to."""
     outcomes: list[Outcome | None] = [i if isinstance(i, ApiError) else None for i in items]
-    keyed = sorted({i.dedupe_key for i in items if isinstance(i, Item) and i.dedupe_key})
-    if len(keyed) > api_db.SLOTLESS_KEYS:
-        api_db.take_batch_slot(conn, slots)
-    held = api_db.open_request(conn, key.name, keyed)
     earlier: dict[str, int] = {}  # a key's first item in this request
-    fresh: list[int] = []
+    checked: list[int] = []
     for index, one in enumerate(items):
         if not isinstance(one, Item):
             continue
         dedupe = one.dedupe_key
         if dedupe is not None:
-            if dedupe not in held:
-                outcomes[index] = IN_PROGRESS
-                continue
             if dedupe in earlier:
                 continue  # decided once the first is written
             earlier[dedupe] = index
@@ -132,7 +127,18 @@ def write(
         except ValueError as exc:
             outcomes[index] = ApiError(422, "invalid_notification", str(exc))
             continue
-        fresh.append(index)
+        checked.append(index)
+    # The slot and the keys are held for the write alone: the checks, most of a batch's time,
+    # run while other requests write (four batches under way had waited, checks and all, for
+    # three slots).
+    if len(earlier) > api_db.SLOTLESS_KEYS:
+        api_db.take_batch_slot(conn, slots)
+    held = api_db.open_request(conn, key.name, sorted(earlier))
+    for index, one in enumerate(items):
+        if isinstance(one, Item) and one.dedupe_key is not None and one.dedupe_key not in held:
+            outcomes[index] = IN_PROGRESS
+    earlier = {dedupe: index for dedupe, index in earlier.items() if dedupe in held}
+    fresh = [index for index in checked if outcomes[index] is None]
     _insert(conn, key, items, fresh, outcomes, single=single)
     _replays(
         conn, items, [i for i in earlier.values() if not isinstance(outcomes[i], Created)], outcomes
