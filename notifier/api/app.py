@@ -105,6 +105,8 @@ def create_app(
         ``write`` for is served in one transaction with its key's read."""
 
         async def endpoint(request: Request) -> Response:
+            # a key in a key's form first: without one, no body is read, no database asked
+            presented = service.presented(request.headers.get("authorization"))
             asked = Asked(
                 method=request.method,
                 row_id=_row_id(request),
@@ -114,11 +116,10 @@ def create_app(
                 content_type=request.headers.get("content-type", ""),
                 body=await body_of(request) if request.method in ("POST", "PUT") else None,
             )
-            header = request.headers.get("authorization")
             state = request.state
 
             def admitted(conn: Connection | None = None) -> KeyRow:
-                key = service.authenticate(header, conn)
+                key = service.authenticate(presented, conn)
                 state.key_prefix = key.prefix
                 service.admit(key)
                 return key

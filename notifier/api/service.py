@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from sqlalchemy import Connection, Engine
@@ -32,6 +32,13 @@ from notifier.settings import Settings
 log = logging.getLogger(__name__)
 
 RATE_KEY = "notifier:api:rate:{key}:{second}"
+
+
+class Presented(NamedTuple):
+    """A key as a request presents it, in a key's form: not yet found to be one."""
+
+    key: str
+    prefix: str
 
 
 class Service:
@@ -53,20 +60,27 @@ class Service:
 
     # -- who asks ---------------------------------------------------------------------------
 
-    def authenticate(self, authorization: str | None, conn: Connection | None = None) -> KeyRow:
-        """The live key an ``Authorization: Bearer <key>`` header presents; 401 otherwise. Read
-        on ``conn`` when given (a write's, in its transaction: one pool checkout, and its ping,
-        fewer), else on a connection of its own."""
-        scheme, _, presented = (authorization or "").partition(" ")
-        prefix = keys.prefix_of(presented.strip()) if scheme.lower() == "bearer" else None
+    @staticmethod
+    def presented(authorization: str | None) -> Presented:
+        """The key an ``Authorization: Bearer <key>`` header presents, if it has a key's form;
+        401 otherwise, before anything is asked of the database."""
+        scheme, _, given = (authorization or "").partition(" ")
+        key = given.strip()
+        prefix = keys.prefix_of(key) if scheme.lower() == "bearer" else None
         if prefix is None:
             raise ApiError(401, "unauthorized", "send your API key as Authorization: Bearer nk_...")
+        return Presented(key, prefix)
+
+    def authenticate(self, presented: Presented, conn: Connection | None = None) -> KeyRow:
+        """The live key ``presented``; 401 if there is none. Read on ``conn`` when given (a
+        write's, in its transaction: one pool checkout, and its ping, fewer), else on a
+        connection of its own."""
         if conn is not None:
-            row = api_db.live_key(conn, prefix)
+            row = api_db.live_key(conn, presented.prefix)
         else:
             with self._reads.connect() as own:
-                row = api_db.live_key(own, prefix)
-        if row is None or not keys.matches(presented.strip(), row):
+                row = api_db.live_key(own, presented.prefix)
+        if row is None or not keys.matches(presented.key, row):
             raise ApiError(401, "unauthorized", "this API key is not valid (or was revoked)")
         return row
 

@@ -424,9 +424,17 @@ def test_an_outage_is_a_503_not_a_500(make_settings: MakeSettings, make_key: Mak
     with serving(app, free_port()) as url:
         ready = httpx.get(url + "/ready", timeout=10)
         written = call(url, make_key(), "POST", "/v1/notifications", json=MAIL)
+        keyless = [
+            call(url, key, "POST", "/v1/notifications", json=MAIL) for key in (None, "nk_short")
+        ]
     assert (ready.status_code, ready.json()["error"]["code"]) == (503, "unavailable")
     assert ready.headers["Retry-After"] == "5"
     assert written.status_code == 503
+    # a request without a key in a key's form is told so, the database not asked
+    assert [(a.status_code, a.json()["error"]["code"]) for a in keyless] == [
+        (401, "unauthorized"),
+        (401, "unauthorized"),
+    ]
     gone.dispose()
 
 
