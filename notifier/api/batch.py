@@ -10,13 +10,14 @@ again. Then, in that transaction:
    producer named (the key's name, which its rows carry), in one statement; a request of many
    keys first waits for one of a few batch slots, so that batches never fill the server's
    lock table (``notifier.db.api.SLOTLESS_KEYS``);
-2. the items are inserted, and each new key's request kept beside it, in one statement (a
+2. the items are inserted, each keyed one with its request's hash, in one statement (a
    batch's rows copied into a staging table first: ``notifier.db.api.write_requests``), but
    for those whose key was used before;
 3. for those, and for refused items with a key, what their key was first asked with is read
-   (``api_requests``), in one statement, only if there are any: an item whose key was used
-   with the same request is a replay, with another request refused; a key that a SQL producer
-   wrote as a ``dedupe_key`` itself is refused ``key_in_use``.
+   (on its row, or in ``api_requests`` once the row is gone), in one statement, only if there
+   are any: an item whose key was used with the same request is a replay, with another
+   request refused; a key that a SQL producer wrote as a ``dedupe_key`` itself is refused
+   ``key_in_use``.
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
@@ -140,9 +141,8 @@ def write(
     earlier = {dedupe: index for dedupe, index in earlier.items() if dedupe in held}
     fresh = [index for index in checked if outcomes[index] is None]
     _insert(conn, key, items, fresh, outcomes, single=single)
-    _replays(
-        conn, items, [i for i in earlier.values() if not isinstance(outcomes[i], Created)], outcomes
-    )
+    unsure = [i for i in earlier.values() if not isinstance(outcomes[i], Created)]
+    _replays(conn, key.name, items, unsure, outcomes)
     for index, one in enumerate(items):  # an item repeating an earlier item's key
         if isinstance(one, Item) and outcomes[index] is None:
             outcomes[index] = _repeat(items[earlier[one.dedupe_key or ""]], one, outcomes, earlier)
@@ -151,6 +151,7 @@ def write(
 
 def _replays(
     conn: Connection,
+    producer: str,
     items: Sequence[Item | ApiError],
     unsure: list[int],
     outcomes: list[Outcome | None],
@@ -161,13 +162,13 @@ def _replays(
     stays refused. Read only for these: a new key's request is written, not looked for."""
     if not unsure:
         return
-    firsts = api_db.first_requests(conn, sorted({_key_of(items[i]) for i in unsure}))
+    firsts = api_db.first_requests(conn, producer, sorted({_key_of(items[i]) for i in unsure}))
     for index in unsure:
         one = items[index]
         assert isinstance(one, Item)
         found = firsts.get(_key_of(one))
         if found is not None:
-            _, digest, row_id = found
+            digest, row_id = found
             same = digest == one.digest
             outcomes[index] = Created(row_id, one.idempotency_key, True) if same else REUSED
         elif outcomes[index] is None:
@@ -208,10 +209,10 @@ def _insert(
     hashes = [one.digest if one.dedupe_key else None for one, _ in made]  # keyless: none kept
     try:
         if single:  # a refusal undoes the request's transaction: no savepoint's two round trips
-            written = api_db.write_requests(conn, key.id, rows, hashes)
+            written = api_db.write_requests(conn, rows, hashes)
         else:
             with conn.begin_nested():
-                written = api_db.write_requests(conn, key.id, rows, hashes)
+                written = api_db.write_requests(conn, rows, hashes)
     except DBAPIError as exc:
         if _outage(exc):
             raise
@@ -240,7 +241,7 @@ def _alone(conn: Connection, key: KeyRow, one: Item | ApiError) -> Outcome | Non
     try:
         with conn.begin_nested():
             hashes = [one.digest if one.dedupe_key else None]
-            written = api_db.write_requests(conn, key.id, [one.values], hashes)
+            written = api_db.write_requests(conn, [one.values], hashes)
             if not written:
                 return None
             row_id = written[0][0]

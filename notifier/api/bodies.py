@@ -95,7 +95,7 @@ def _nesting(body: bytes) -> int:
 
 
 #: A request's JSON in one spelling (keys sorted, no spaces). Stored hashes depend on this
-#: spelling (``api_requests.body_hash``): it must not change.
+#: spelling (``notifications.request_hash``, ``api_requests.body_hash``): it must not change.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 #: The same spelling by the C encoder that ``_CANONICAL.encode`` makes anew for every call
 #: (a third of a batch item's hash), made once: no check for circular references, which a

@@ -4,7 +4,7 @@ Synchronous (the database layer is): ``app.py`` runs each call in Starlette's th
 Every refusal is an ``ApiError`` naming the field and the fix; nothing is written for one.
 
 Idempotency: a request with an ``Idempotency-Key`` writes its row with ``dedupe_key``
-``<key name>:<Idempotency-Key>`` and keeps the request's hash beside it (``api_requests``), in
+``<key name>:<Idempotency-Key>`` and keeps the request's hash beside it (``request_hash``), in
 one transaction that holds the key (an advisory lock) while it runs: a repeat with the same
 body is answered as the first was (``replayed``), one with another body is refused (422), one
 that arrives while the first is still under way is told to come back (409, ``Retry-After``).

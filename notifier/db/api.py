@@ -1,5 +1,5 @@
-"""The SQL of the HTTP API (migration 0026): its keys, what each Idempotency-Key was first asked
-with, and a key's own rows, read and cancelled.
+"""The SQL of the HTTP API (migrations 0026 and 0028): its keys, what each Idempotency-Key was
+first asked with, and a key's own rows, read and cancelled.
 
 Every statement that reads or cancels a row names the key's producer in its ``WHERE``: a key
 never sees, or learns of, another producer's row (the answer is the same as for no row). Rows
@@ -167,45 +167,49 @@ def open_request(conn: Connection, producer: str, dedupe_keys: Sequence[str]) ->
     return set(held)
 
 
-# The keys as one array, computed once (an InitPlan), so the primary key is probed for each
+# The keys as one array, computed once (an InitPlan), so the unique index is probed for each
 # whatever the table's size. Written as ``IN (SELECT jsonb_array_elements_text(...))``, the
 # planner took the set for 100 rows and, until the table held 20,000 to 30,000 requests,
 # hashed it against a scan of the whole table: every single request read all of them.
+# A key's first request is on its row (``request_hash``, which only the API writes) while the
+# row is there, in ``api_requests`` once it is gone (the row's delete trigger copies it there)
+# or if it was written before migration 0028.
+_ASKED = "ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(:keys AS jsonb))))"
 FIRST_REQUESTS = text(
-    "SELECT dedupe_key, key_id, body_hash, notification_id FROM api_requests"
-    " WHERE dedupe_key = ANY(ARRAY(SELECT jsonb_array_elements_text(CAST(:keys AS jsonb))))"
+    f"""
+    SELECT dedupe_key, request_hash, id FROM notifications
+     WHERE dedupe_key = {_ASKED} AND request_hash IS NOT NULL AND producer = :producer
+    UNION ALL
+    SELECT dedupe_key, body_hash, notification_id FROM api_requests
+     WHERE dedupe_key = {_ASKED}
+"""
 )
 
 
 def first_requests(
-    conn: Connection, dedupe_keys: Sequence[str]
-) -> dict[str, tuple[int, bytes, int]]:
-    """For each of ``dedupe_keys`` used before: (key id, request hash, notification id)."""
-    found = conn.execute(
-        FIRST_REQUESTS, {"keys": json.dumps(list(dedupe_keys), ensure_ascii=False)}
-    )
-    return {str(k): (int(i), bytes(h), int(n)) for k, i, h, n in found}
+    conn: Connection, producer: str, dedupe_keys: Sequence[str]
+) -> dict[str, tuple[bytes, int]]:
+    """For each of ``dedupe_keys`` that ``producer``'s requests used before: (request hash,
+    notification id)."""
+    keys = json.dumps(list(dedupe_keys), ensure_ascii=False)
+    found = conn.execute(FIRST_REQUESTS, {"keys": keys, "producer": producer})
+    return {str(k): (bytes(h), int(n)) for k, h, n in found}
 
 
-# A request's rows and, beside each keyed row written, what it was asked with (its key's
-# request hash, ``api_requests``), in one statement: a row whose dedupe_key exists, or was
-# asked for before (its row may be gone, its key is still used), is not written, nor its
-# request kept, and is left out of what comes back. A row's request is kept when it has a hash
-# (``body_hash``), which a row without a key never has.
+# A request's rows, each keyed one with what it was asked with (``request_hash``), in one
+# statement: a row whose dedupe_key exists, or was asked for before (its row may be gone, its
+# key is still used: ``api_requests``), is not written, and is left out of what comes back. A
+# row without a key has no hash. A single request's key is looked for on the rows before the
+# insert, too: a retry of a request is answered from its row without an insert tried first
+# (whose triggers, and the wait for the first request's row, a batch's rows pay for).
 WRITE_ONE = for_driver(
     f"""
-    WITH written AS (
-        INSERT INTO notifications ({producers.INSERTED})
-        SELECT {producers.VALUES}
-         WHERE NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
-        ON CONFLICT (dedupe_key) DO NOTHING
-        RETURNING id, dedupe_key
-    ), kept AS (
-        INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)
-        SELECT dedupe_key, :key_id, :body_hash, id FROM written
-         WHERE CAST(:body_hash AS bytea) IS NOT NULL
-    )
-    SELECT id, dedupe_key FROM written
+    INSERT INTO notifications ({producers.INSERTED}, request_hash)
+    SELECT {producers.VALUES}, CAST(:body_hash AS bytea)
+     WHERE NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
+       AND NOT EXISTS (SELECT FROM notifications WHERE dedupe_key = :dedupe_key)
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id, dedupe_key
 """
 )
 # More rows arrive by COPY into a session's own staging table, stamped with the call that
@@ -218,11 +222,9 @@ WRITE_ONE = for_driver(
 #
 # A call's rows are those stamped with its number or a higher one: the same rows, as a
 # transaction's calls are numbered upwards (by one process, on one connection) and no other
-# transaction's rows outlive it. Asked for ``call = n``, the planner, with no statistics of a
-# temporary table (autovacuum never analyzes one), takes the rows for one and joins the written
-# rows to the staged ones in a nested loop: a thousand rows cost a million comparisons (120 ms,
-# where the rest of the statement took 8). For ``call >= n`` it takes a third of the table,
-# and hashes.
+# transaction's rows outlive it. (When the statement also joined its written rows to the staged
+# ones, the planner, with no statistics of a temporary table, took the rows for ``call = n`` to
+# be one and joined them in a nested loop: a thousand rows cost a million comparisons.)
 STAGE_ROWS = f"""
     CREATE TEMP TABLE IF NOT EXISTS api_staging
            (call bigint, ord integer, body_hash bytea, {producers.ROW_COLUMNS})
@@ -230,38 +232,29 @@ STAGE_ROWS = f"""
 """
 COPY_STAGED = f"COPY api_staging (call, ord, body_hash, {', '.join(producers.STAGED)}) FROM STDIN"
 WRITE_STAGED = f"""
-    WITH written AS (
-        INSERT INTO notifications ({producers.INSERTED})
-        SELECT {producers.FROM_STAGED}
-          FROM api_staging AS s
-         WHERE call >= %(call)s
-           AND NOT EXISTS (SELECT FROM api_requests AS r WHERE r.dedupe_key = s.dedupe_key)
-         ORDER BY ord
-        ON CONFLICT (dedupe_key) DO NOTHING
-        RETURNING id, dedupe_key
-    ), kept AS (
-        INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)
-        SELECT w.dedupe_key, %(key_id)s, s.body_hash, w.id
-          FROM written AS w JOIN api_staging AS s ON s.dedupe_key = w.dedupe_key
-         WHERE s.call >= %(call)s AND s.body_hash IS NOT NULL
-    )
-    SELECT id, dedupe_key FROM written
+    INSERT INTO notifications ({producers.INSERTED}, request_hash)
+    SELECT {producers.FROM_STAGED}, s.body_hash
+      FROM api_staging AS s
+     WHERE call >= %(call)s
+       AND NOT EXISTS (SELECT FROM api_requests AS r WHERE r.dedupe_key = s.dedupe_key)
+     ORDER BY ord
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id, dedupe_key
 """
 #: Each call's stamp on the rows it stages.
 _CALLS = itertools.count()
 
 
 def write_requests(
-    conn: Connection, key_id: int, rows: Sequence[Mapping[str, Any]], hashes: Sequence[bytes | None]
+    conn: Connection, rows: Sequence[Mapping[str, Any]], hashes: Sequence[bytes | None]
 ) -> list[tuple[int, str | None]]:
     """Insert rows (each as ``producers.enqueue_row`` takes it, its payload JSON text, no two
-    with one dedupe_key) in ``conn``'s transaction, and keep each written row's request hash
-    (``hashes``, one a row; ``None``: none to keep) for key ``key_id``, in one statement:
-    (id, dedupe_key) of each written, in the order given; a row whose key was used (by a row,
-    or by a request before) is not among them. One row is one INSERT (one round trip, where
-    staging takes three)."""
+    with one dedupe_key) in ``conn``'s transaction, each with its request's hash (``hashes``,
+    one a row; ``None`` for a row without a key), in one statement: (id, dedupe_key) of each
+    written, in the order given; a row whose key was used (by a row, or by a request before)
+    is not among them. One row is one INSERT (one round trip, where staging takes three)."""
     if len(rows) == 1:
-        params = {**rows[0], "key_id": key_id, "body_hash": hashes[0]}
+        params = {**rows[0], "body_hash": hashes[0]}
         return [(int(i), key) for i, key in _rows(conn, WRITE_ONE, params)]
     keys = [row["dedupe_key"] for row in rows if row["dedupe_key"] is not None]
     if len(set(keys)) != len(keys):
@@ -274,7 +267,7 @@ def write_requests(
         with cur.copy(COPY_STAGED) as copy:
             for ord_, (row, body_hash) in enumerate(zip(rows, hashes, strict=True)):
                 copy.write_row((call, ord_, body_hash, *values(row)))
-        cur.execute(WRITE_STAGED, {"call": call, "key_id": key_id})
+        cur.execute(WRITE_STAGED, {"call": call})
         return sorted((int(i), key) for i, key in cur.fetchall())
 
 

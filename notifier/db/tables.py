@@ -16,6 +16,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     Table,
@@ -80,6 +81,12 @@ notifications = Table(
     Column("category", Text),
     Column("profile", Text),
     Column("parent_id", BigInteger),
+    Column(
+        "request_hash",
+        LargeBinary,
+        comment="The SHA-256 of the API request that wrote the row, its Idempotency-Key the"
+        " dedupe_key; NULL for a row written otherwise.",
+    ),
     CheckConstraint(
         "status IN ('pending', 'processing', 'sent', 'dead', 'cancelled')",
         name="notifications_status",

@@ -19,7 +19,7 @@ import redis
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from notifier.api import keys, openapi
+from notifier.api import bodies, keys, openapi
 from notifier.api.app import create_app
 from notifier.db import api as api_db
 from tests.console_server import free_port, serving
@@ -163,6 +163,40 @@ def test_a_key_is_kept_after_its_row_is_purged_and_after_its_checks_changed(
     codes = [r["error"]["code"] for r in results[1:]]
     assert codes == ["idempotency_key_reused", "invalid_notification", "idempotency_key_reused"]
     assert rows(engine) == []  # nothing written again
+
+
+def test_a_producer_cannot_write_a_request_hash_to_pass_its_row_off_as_a_request(
+    api: str, make_key: MakeKey, engine: Engine, database_url: str
+) -> None:
+    """Only the API writes ``request_hash``: a row a producer wrote with an API key's
+    ``dedupe_key`` stays a SQL producer's (``key_in_use``), whatever it tries."""
+    from notifier.db import make_engine
+
+    key = make_key("billing")
+    logins = Logins(engine, database_url)
+    try:
+        user = logins.make("notifier_producer")
+        with engine.begin() as conn:  # the producer writes as "billing", as its admin set
+            conn.execute(text(f"ALTER ROLE {user} SET notifier.producer = 'billing'"))
+        producer = make_engine(logins.url(user))
+        forged = bodies.request_hash(MAIL)
+        with pytest.raises(DBAPIError, match="permission denied"), producer.begin() as conn:
+            conn.execute(
+                text("INSERT INTO notifications (channel, recipient, dedupe_key, request_hash)"
+                     " VALUES ('email', 'ann@example.com', 'billing:p1', :hash)"),
+                {"hash": forged},
+            )  # fmt: skip
+        with producer.begin() as conn:
+            conn.execute(
+                text("INSERT INTO notifications (channel, recipient, subject, body, dedupe_key)"
+                     " VALUES ('email', 'ann@example.com', 'Hi', 'Welcome', 'billing:p1')")
+            )  # fmt: skip
+        producer.dispose()
+    finally:
+        logins.drop()
+    asked = call(api, key, "POST", "/v1/notifications", json=MAIL,
+                 headers={"Idempotency-Key": "p1"})  # fmt: skip
+    assert (asked.status_code, asked.json()["error"]["code"]) == (409, "key_in_use")
 
 
 def test_concurrent_requests_with_one_key_write_one_row(
