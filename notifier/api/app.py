@@ -63,8 +63,9 @@ class Asked:
 #: A batch's answer closes its connection: the client's next batch is accepted anew, by
 #: whichever of the API's processes gets to it first, the least busy as a rule. Kept open, a
 #: client's few connections stay where they were accepted, often all in one process (all four
-#: of the SDK's ``notify_many``, in half of one set of runs, the other process idle), as the
-#: processes share one listening socket. A batch is thousands of times a connection's cost.
+#: of the SDK's ``notify_many``, in 3 of 11 starts of the API in one set of runs, the other
+#: process idle), as the processes share one listening socket. A batch costs far more than a
+#: new connection.
 BALANCED = {"Connection": "close"}
 
 #: An operation: the key's request answered, in a worker thread.
