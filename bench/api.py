@@ -250,10 +250,7 @@ def _copy(conn: Conn, batches: int, tag: str) -> float:
     """Seconds to COPY ``batches`` of ``BATCH`` rows into ``notifications``, a transaction each."""
     started = time.perf_counter()
     for b in range(batches):
-        with (
-            conn.cursor() as cur,
-            cur.copy(COPY_ROWS) as copy,
-        ):
+        with conn.cursor() as cur, cur.copy(COPY_ROWS) as copy:
             for i in range(BATCH):
                 n = b * BATCH + i
                 copy.write_row(("null", f"c{n}@example.com", "hello", f"c:{tag}:{n}"))

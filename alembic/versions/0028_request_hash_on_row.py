@@ -27,34 +27,46 @@ down_revision = "0027"
 branch_labels = None
 depends_on = None
 
+# The keys of ``rows`` that API requests wrote, each with its hash, its row and its key (the
+# first of the row's producer's name), into ``api_requests``: what the trigger does for the
+# rows deleted, and the downgrade for every row.
+KEPT = """
+    INSERT INTO {schema}.api_requests (dedupe_key, key_id, body_hash, notification_id)
+    SELECT r.dedupe_key,
+           coalesce((SELECT min(k.id) FROM {schema}.api_keys k WHERE k.name = r.producer), 0),
+           r.request_hash, r.id
+      FROM {rows} r
+     WHERE r.request_hash IS NOT NULL AND r.dedupe_key IS NOT NULL
+    ON CONFLICT (dedupe_key) DO NOTHING
+"""
+
 KEEP = """
     CREATE FUNCTION {schema}.notifier_keep_requests() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, {schema}, pg_temp
     AS $$
     BEGIN
-        INSERT INTO {schema}.api_requests (dedupe_key, key_id, body_hash, notification_id)
-        SELECT d.dedupe_key,
-               coalesce((SELECT min(k.id) FROM {schema}.api_keys k WHERE k.name = d.producer), 0),
-               d.request_hash, d.id
-          FROM notifier_deleted d
-         WHERE d.request_hash IS NOT NULL AND d.dedupe_key IS NOT NULL
-        ON CONFLICT (dedupe_key) DO NOTHING;
+        {kept};
         RETURN NULL;
     END
     $$
 """
 
 
+def _schema() -> str:
+    return str(op.get_bind().execute(text("SELECT quote_ident(current_schema())")).scalar_one())
+
+
 def upgrade() -> None:
-    schema = op.get_bind().execute(text("SELECT quote_ident(current_schema())")).scalar_one()
+    schema = _schema()
     op.execute("ALTER TABLE notifications ADD COLUMN request_hash bytea")
     op.execute(
         "COMMENT ON COLUMN notifications.request_hash IS 'The SHA-256 of the API request that"
         " wrote the row, its Idempotency-Key the dedupe_key; NULL for a row written otherwise.'"
     )
     op.execute("GRANT INSERT (request_hash) ON notifications TO notifier_api")
-    op.execute(KEEP.format(schema=schema))
+    kept = KEPT.format(schema=schema, rows="notifier_deleted")
+    op.execute(KEEP.format(schema=schema, kept=kept))
     op.execute(f"REVOKE ALL ON FUNCTION {schema}.notifier_keep_requests() FROM PUBLIC")
     op.execute(
         "CREATE TRIGGER notifications_keep_requests AFTER DELETE ON notifications"
@@ -64,14 +76,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(
-        "INSERT INTO api_requests (dedupe_key, key_id, body_hash, notification_id)"
-        " SELECT n.dedupe_key,"
-        " coalesce((SELECT min(k.id) FROM api_keys k WHERE k.name = n.producer), 0),"
-        " n.request_hash, n.id FROM notifications n"
-        " WHERE n.request_hash IS NOT NULL AND n.dedupe_key IS NOT NULL"
-        " ON CONFLICT (dedupe_key) DO NOTHING"
-    )
+    schema = _schema()
+    op.execute(KEPT.format(schema=schema, rows=f"{schema}.notifications"))
     op.execute("DROP TRIGGER notifications_keep_requests ON notifications")
     op.execute("DROP FUNCTION notifier_keep_requests()")
     op.execute("ALTER TABLE notifications DROP COLUMN request_hash")
