@@ -213,10 +213,11 @@ def test_the_look_for_an_idempotency_key_probes_its_index(engine: Engine, keys: 
         plan = _plan(conn, api.FIRST_REQUESTS, params)
         found = api.first_requests(conn, "billing", wanted)
         elsewhere = api.first_requests(conn, "shipping", wanted)
+        r9 = conn.execute(text("SELECT id FROM notifications WHERE dedupe_key = 'r9'")).scalar_one()
     assert "api_requests_pkey" in plan, plan
     assert "notifications_dedupe_key_key" in plan, plan
     assert "Seq Scan" not in plan, plan
-    assert found == {"k7": (b"\x00", 7), "r9": (b"\x01", found["r9"][1])}
+    assert found == {"k7": (b"\x00", 7), "r9": (b"\x01", r9)}
     assert elsewhere == {"k7": (b"\x00", 7)}  # a row is another producer's request
 
 
