@@ -215,9 +215,13 @@ def _pid(claimed_by: str) -> int:
     return int(claimed_by.split(":")[1])
 
 
-def _client_ports(pid: int) -> set[int]:
-    """The local TCP ports of ``pid``'s sockets (its database connections among them), from
-    /proc: the process's socket inodes matched against the kernel's TCP tables."""
+def _client_ports(pid: int, server_port: int) -> set[int]:
+    """The local TCP ports of ``pid``'s connections to ``server_port`` (the database's), from
+    /proc: the process's socket inodes matched against the kernel's TCP tables.
+
+    Only connections to that port: a local port is unique to a connection, not to a host, and
+    the port of the process's connection to Redis may be another process's, or this test's own,
+    port to the database."""
     inodes = set()
     fds = Path(f"/proc/{pid}/fd")
     for fd in fds.iterdir() if fds.exists() else ():
@@ -230,7 +234,7 @@ def _client_ports(pid: int) -> set[int]:
         with contextlib.suppress(OSError), open(table) as lines:
             for line in list(lines)[1:]:
                 fields = line.split()
-                if fields[9] in inodes:
+                if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == server_port:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
@@ -252,7 +256,10 @@ def _stat_activity(engine: Engine, column: str, values: set[int], where: str = "
     with engine.connect() as conn:
         return set(
             conn.execute(
-                text(f"SELECT pid FROM pg_stat_activity WHERE {column} = ANY(:values){where}"),
+                text(
+                    f"SELECT pid FROM pg_stat_activity WHERE {column} = ANY(:values)"
+                    f" AND pid <> pg_backend_pid(){where}"
+                ),
                 {"values": sorted(values)},
             ).scalars()
         )
@@ -333,7 +340,7 @@ def test_sigkill_mid_batch_loses_nothing(
             continue
         claimed_by, seen_holding = victim
         pid = _pid(claimed_by)
-        backends = _backends(engine, _client_ports(pid))
+        backends = _backends(engine, _client_ports(pid, engine.url.port or 5432))
         assert backends, f"no database connection of pool process {pid} found"
         os.kill(pid, signal.SIGKILL)
         killed.add(pid)
