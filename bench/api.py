@@ -30,6 +30,13 @@ What it measures
        API, its clients, the worker and PostgreSQL share two cores, every core-second the API
        takes is one a CPU-bound drain loses.
 
+       Then the control: the webhook drain once more, beside a load that takes the same cores
+       as the steady load did (the API's, its clients', and PostgreSQL's beyond the drain's
+       own, read during the steady webhook drain) and does nothing else (``bench/burner.py``:
+       processes that spin). The steady figure over the control's says what the API costs the
+       drain beyond the cores it takes; the control alone, what a load of that size costs the
+       drain on this machine, whatever serves it.
+
     The load comes from this process, on the same machine as the API, PostgreSQL and Redis:
     every figure is what the machine as a whole can do, the client's CPU included.
 
@@ -67,6 +74,7 @@ import httpx
 import psycopg
 
 from bench import harness
+from bench.burner import Burner
 from bench.common import (
     REPO,
     Conn,
@@ -96,6 +104,7 @@ DRAIN_TARGET = 0.9
 #: API saturated by clients on the same two cores takes the CPU the drain needs; that figure is
 #: printed too, and says what this machine can do, not what the API does to the drain.
 STEADY = 200
+CLIENTS_PART = "this process (the clients)"
 #: The drains' provider: a webhook receiver on loopback answering after this long, as a real
 #: endpoint does (bench/webhook.py's), which the worker is allowed to send to.
 WEBHOOK_DELAY = 0.05
@@ -342,6 +351,7 @@ def beside(bench: Bench) -> None:
     kinds = {"null": ("null", "{tag}{{n}}@example.com"), "webhook": ("webhook", "")}
     kinds["webhook"] = ("webhook", server.url + "/{tag}{{n}}")
     drains: dict[tuple[str, str], float] = {}
+    used: dict[tuple[str, str], dict[str, float]] = {}  # each drain's cores, by part
     try:
         with workers(bench, "api-drain", name, url, LOOPBACK_WEBHOOKS) as (services, conn):
             worker = services.pid("worker")
@@ -351,10 +361,10 @@ def beside(bench: Bench) -> None:
                 "receiver": lambda: (
                     [server.process.pid] if server.process and server.process.pid else []
                 ),
-                "this process (the clients)": lambda: [os.getpid()],
+                CLIENTS_PART: lambda: [os.getpid()],
             }
             for kind, (channel, recipient) in kinds.items():
-                drains[kind, "alone"] = _drain(
+                drains[kind, "alone"], used[kind, "alone"] = _drain(
                     conn, services, rows, channel, recipient, "alone", parts
                 )
             with api_server(bench, url, "drain") as (base, api):
@@ -368,12 +378,20 @@ def beside(bench: Bench) -> None:
                     time.sleep(2)  # the load is on before the rows are
                     try:
                         for kind, (channel, recipient) in kinds.items():
-                            drains[kind, tag] = _drain(
+                            drains[kind, tag], used[kind, tag] = _drain(
                                 conn, services, rows, channel, recipient, tag, parts
                             )
                     finally:
                         stop.set()
                         load.join(60)
+            del parts["API"]
+            taken = _load_cores(used["webhook", "steady"], used["webhook", "alone"])
+            with Burner(taken) as burner:
+                parts["CPU burner"] = lambda: process_tree(burner.pid)
+                channel, recipient = kinds["webhook"]
+                drains["webhook", "burner"], _ = _drain(
+                    conn, services, rows, channel, recipient, "burner", parts
+                )
     finally:
         server.stop()
     bench.done_with(name)
@@ -399,6 +417,20 @@ def beside(bench: Bench) -> None:
                 f"{fmt_int(drains[kind, 'saturated'])} rows/s = {saturated:.2f} of alone",
             )
         )
+    burned = drains["webhook", "burner"] / drains["webhook", "alone"]
+    bench.lines.append(
+        Line(
+            f"c webhook drain beside a CPU burner of the steady load's {taken:.2f} cores",
+            f"{fmt_int(drains['webhook', 'burner'])} rows/s = {burned:.2f} of alone",
+        )
+    )
+
+
+def _load_cores(loaded: dict[str, float], alone: dict[str, float]) -> float:
+    """The cores a load took beside a drain: the API's, its clients', and what PostgreSQL
+    took beyond the drain's own (at least a hundredth of a core)."""
+    postgres = loaded["PostgreSQL"] - alone["PostgreSQL"]
+    return max(0.01, loaded["API"] + loaded[CLIENTS_PART] + max(0.0, postgres))
 
 
 # Whether a due row is still pending or a row processing: the first of the claim's order (every
@@ -423,11 +455,11 @@ def _drain(
     recipient: str,
     tag: str,
     parts: dict[str, Callable[[], list[int]]],
-) -> float:
+) -> tuple[float, dict[str, float]]:
     """Rows a second of a drain of ``rows`` due rows on ``channel`` (recipients ``recipient``
     with ``{tag}`` filled in: one tag's rows are told apart by it), from their commit to the
-    last one sent; the API's rows beside them are not due. Prints the CPU each of ``parts``
-    (processes by name) took meanwhile, as cores."""
+    last one sent; the API's rows beside them are not due. Also the cores each of ``parts``
+    (processes by name) took meanwhile, which it prints."""
     address = recipient.format(tag=tag)
     meters = {part: CpuMeter() for part in parts}
     for part, meter in meters.items():
@@ -457,9 +489,10 @@ def _drain(
     if sent != rows:
         raise SetupError(f"the {tag} drain of {channel} rows sent {sent:,} of {rows:,}")
     wall = time.monotonic() - began
-    cores = ", ".join(f"{part} {meter.seconds / wall:.2f}" for part, meter in meters.items())
-    print(f"    {channel} {tag}: cores busy over its {wall:.1f} s: {cores}", flush=True)
-    return sent / (last - committed)
+    cores = {part: meter.seconds / wall for part, meter in meters.items()}
+    shown = ", ".join(f"{part} {used:.2f}" for part, used in cores.items())
+    print(f"    {channel} {tag}: cores busy over its {wall:.1f} s: {shown}", flush=True)
+    return sent / (last - committed), cores
 
 
 TARGETS = [single, bulk, beside]
