@@ -54,6 +54,7 @@ How to run it
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import subprocess
@@ -386,7 +387,7 @@ def beside(bench: Bench) -> None:
                         load.join(60)
             del parts["API"]
             taken = _load_cores(used["webhook", "steady"], used["webhook", "alone"])
-            with Burner(taken) as burner:
+            with Burner(taken, processes=max(2, math.ceil(taken))) as burner:
                 parts["CPU burner"] = lambda: process_tree(burner.pid)
                 channel, recipient = kinds["webhook"]
                 drains["webhook", "burner"], _ = _drain(
