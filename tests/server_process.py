@@ -29,6 +29,15 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie not yet reaped by its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def start_server(
     args: Sequence[str],
     log: Path,

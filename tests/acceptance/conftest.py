@@ -192,15 +192,6 @@ def _proc_table() -> dict[int, tuple[str, int]]:
     return table
 
 
-def process_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie not yet reaped by its parent counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def unfinished(engine: Engine) -> int:
     """Rows still to be sent or retried: ``pending`` or ``processing``."""
     with engine.connect() as conn:

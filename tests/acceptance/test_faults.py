@@ -32,10 +32,11 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from notifier.db.migrate import migrate
-from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.conftest import Services, wait_for
 from tests.acceptance.fault_report import report
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
+from tests.server_process import process_gone
 from tests.smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.slow

@@ -37,13 +37,14 @@ from sqlalchemy import Engine, create_engine, text
 from notifier import metrics
 from notifier.db import stats
 from notifier.db.migrate import migrate
-from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.conftest import Services, wait_for
 from tests.acceptance.fault_report import report
 from tests.acceptance.test_faults import _all_sent, _by_status, _pid
 from tests.console_server import Console, console_env
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
 from tests.receiver import Receiver
+from tests.server_process import process_gone
 
 pytestmark = pytest.mark.slow
 

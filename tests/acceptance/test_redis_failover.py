@@ -20,10 +20,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from tests.acceptance.conftest import Services, process_gone, unfinished, wait_for
+from tests.acceptance.conftest import Services, unfinished, wait_for
 from tests.factories import MakeRows
 from tests.receiver import Receiver
 from tests.sentinel_servers import MASTER, SentinelServers, role
+from tests.server_process import process_gone
 
 pytestmark = pytest.mark.slow
 

@@ -31,12 +31,13 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from notifier.db.migrate import migrate
-from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.conftest import Services, wait_for
 from tests.acceptance.fault_report import report
 from tests.factories import Rows
 from tests.postgres_server import PostgresServer
 from tests.receiver import Receiver
 from tests.redis_server import RedisServer
+from tests.server_process import process_gone
 from tests.testhosts import Network, Unavailable
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.acceptance.conftest import Services, process_gone, wait_for
+from tests.acceptance.conftest import Services, wait_for
 from tests.factories import MakeRows, ago
 from tests.receiver import Receiver
+from tests.server_process import process_gone
 
 HEARTBEAT = 1.0
 #: What the heartbeat lets a worker miss before it is gone (``MISSES`` beats of

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from bench.burner import Burner
 from bench.common import cpu_seconds, process_tree
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie not yet reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+from tests.server_process import process_gone
 
 
 def _busy(pids: list[int]) -> float:
@@ -38,7 +29,7 @@ def test_a_burner_spins_in_its_own_processes_and_leaves_none_behind() -> None:
             time.sleep(0.05)
     for pid in tree:
         deadline = time.monotonic() + 10
-        while _alive(pid):
+        while not process_gone(pid):
             assert time.monotonic() < deadline, f"process {pid} outlived the burner"
             time.sleep(0.05)
 
