@@ -70,7 +70,7 @@ BALANCED = {"Connection": "close"}
 
 #: An operation: the key's request answered, in a worker thread.
 Action = Callable[[KeyRow, Asked], Response]
-#: A write answered in the transaction its key was read in.
+#: A write answered on the connection its key was read on (in autocommit: ``Service.create``).
 Write = Callable[[Connection, KeyRow, Asked], Response]
 
 
@@ -103,7 +103,7 @@ def create_app(
     ) -> Callable[[Request], Awaitable[Response]]:
         """The route's endpoint: the key checked, counted and served in one thread hop (each
         hop waits for the GIL, which many threads under load share). A POST the route has a
-        ``write`` for is served in one transaction with its key's read."""
+        ``write`` for is served on the connection its key is read on."""
 
         async def endpoint(request: Request) -> Response:
             # a key in a key's form first: without one, no body is read, no database asked
@@ -127,7 +127,7 @@ def create_app(
 
             def serve() -> Response:
                 if write is not None and asked.method == "POST":
-                    with engine.begin() as conn:
+                    with service.autocommit.connect() as conn:
                         return write(conn, admitted(conn), asked)
                 return action(admitted(), asked)
 

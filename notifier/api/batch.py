@@ -21,8 +21,9 @@ again. Then, in that transaction:
 
 Should the one INSERT fail after all (a constraint the checks did not foresee), it is undone to
 a savepoint and the items are written one by one, each in a savepoint of its own, so that only
-the bad item is refused (a request of one item is refused with its transaction undone: it
-has no savepoint). A database that fails to run it (a lost connection, a statement past
+the bad item is refused. A single request (``POST /v1/notifications``) is checked and written
+by ``write_alone``: its key held and its row written in one statement, which is its own
+transaction. A database that fails to run it (a lost connection, a statement past
 ``NOTIFIER_API_STATEMENT_TIMEOUT_SECONDS``) refuses nothing: the request is answered 503.
 """
 
@@ -104,14 +105,10 @@ def write(
     key: KeyRow,
     items: Sequence[Item | ApiError],
     slots: int = 1,
-    *,
-    single: bool = False,
 ) -> list[Outcome]:
     """Each item's outcome, in order (an ``ApiError`` given stays that item's refusal), its row
     written as ``key``'s producer's. A request of many keys first takes one of ``slots`` batch
-    slots (``api.take_batch_slot``).
-    ``single``: the request's one item, which the database's refusal of raises (``ApiError``,
-    for the caller to undo its transaction), with no savepoint to undo it to."""
+    slots (``api.take_batch_slot``)."""
     outcomes: list[Outcome | None] = [i if isinstance(i, ApiError) else None for i in items]
     earlier: dict[str, int] = {}  # a key's first item in this request
     checked: list[int] = []
@@ -140,13 +137,37 @@ def write(
             outcomes[index] = IN_PROGRESS
     earlier = {dedupe: index for dedupe, index in earlier.items() if dedupe in held}
     fresh = [index for index in checked if outcomes[index] is None]
-    _insert(conn, key, items, fresh, outcomes, single=single)
+    _insert(conn, key, items, fresh, outcomes)
     unsure = [i for i in earlier.values() if not isinstance(outcomes[i], Created)]
     _replays(conn, key.name, items, unsure, outcomes)
     for index, one in enumerate(items):  # an item repeating an earlier item's key
         if isinstance(one, Item) and outcomes[index] is None:
             outcomes[index] = _repeat(items[earlier[one.dedupe_key or ""]], one, outcomes, earlier)
     return [o if o is not None else IN_PROGRESS for o in outcomes]
+
+
+def write_alone(conn: Connection, key: KeyRow, one: Item) -> Outcome:
+    """A single request's item: checked, then written in one statement of its own (``conn`` in
+    autocommit: ``api.write_alone``), or found to be a replay of its key's first request. A
+    refusal of the database's is the item's (422), with nothing written."""
+    try:
+        one.values = client.checked_row(conn, key=one.dedupe_key, **one.args)
+    except ValueError as exc:
+        return ApiError(422, "invalid_notification", str(exc))
+    body_hash = one.digest if one.dedupe_key else None
+    try:
+        held, row_id = api_db.write_alone(conn, key.name, one.values, body_hash)
+    except DBAPIError as exc:
+        if _outage(exc):
+            raise
+        return _refused(exc)
+    if not held:
+        return IN_PROGRESS
+    if row_id is not None:
+        return Created(row_id, one.idempotency_key, False)
+    outcomes: list[Outcome | None] = [None]
+    _replays(conn, key.name, [one], [0], outcomes)
+    return outcomes[0] or IN_PROGRESS
 
 
 def _replays(
@@ -198,8 +219,6 @@ def _insert(
     items: Sequence[Item | ApiError],
     fresh: list[int],
     outcomes: list[Outcome | None],
-    *,
-    single: bool,
 ) -> None:
     if not fresh:
         return
@@ -208,16 +227,11 @@ def _insert(
     rows = [values for _, values in made]
     hashes = [one.digest if one.dedupe_key else None for one, _ in made]  # keyless: none kept
     try:
-        if single:  # a refusal undoes the request's transaction: no savepoint's two round trips
+        with conn.begin_nested():
             written = api_db.write_requests(conn, rows, hashes)
-        else:
-            with conn.begin_nested():
-                written = api_db.write_requests(conn, rows, hashes)
     except DBAPIError as exc:
         if _outage(exc):
             raise
-        if single:
-            raise _refused(exc) from None
         for index in fresh:
             outcomes[index] = _alone(conn, key, items[index])
         return

@@ -54,9 +54,10 @@ class Service:
         self.counter = counter
         self.clock = clock
         self._slots: int | None = None  # batch slots, read from the server at the first batch
-        # A key is read by one statement, outside a transaction: no BEGIN and ROLLBACK around it
-        # (two round trips of a request's dozen).
-        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Connections in autocommit: each statement its own transaction, with no BEGIN and
+        # COMMIT (or ROLLBACK) around it. A key is read on one, and a single request is written
+        # on one (``create``).
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     # -- who asks ---------------------------------------------------------------------------
 
@@ -73,12 +74,11 @@ class Service:
 
     def authenticate(self, presented: Presented, conn: Connection | None = None) -> KeyRow:
         """The live key ``presented``; 401 if there is none. Read on ``conn`` when given (a
-        write's, in its transaction: one pool checkout, and its ping, fewer), else on a
-        connection of its own."""
+        write's: one pool checkout, and its ping, fewer), else on a connection of its own."""
         if conn is not None:
             row = api_db.live_key(conn, presented.prefix)
         else:
-            with self._reads.connect() as own:
+            with self.autocommit.connect() as own:
                 row = api_db.live_key(own, presented.prefix)
         if row is None or not keys.matches(presented.key, row):
             raise ApiError(401, "unauthorized", "this API key is not valid (or was revoked)")
@@ -113,11 +113,12 @@ class Service:
     def create(
         self, conn: Connection, key: KeyRow, doc: Any, idempotency_key: str | None
     ) -> Created:
-        """One notification written in ``conn``'s transaction (which a refusal raised from
-        here is to undo: nothing of it is kept)."""
+        """One notification, checked and written on ``conn``, a connection of ``autocommit``:
+        its row in one statement (``batch.write_alone``); a refusal raised from here wrote
+        nothing."""
         now = self.clock()
         one = batch.item(key, doc, idempotency_key, lambda fields: self._checked(key, now, fields))
-        [outcome] = batch.write(conn, key, [one], single=True)
+        outcome = batch.write_alone(conn, key, one)
         if isinstance(outcome, ApiError):
             raise outcome
         return outcome

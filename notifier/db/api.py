@@ -4,7 +4,8 @@ first asked with, and a key's own rows, read and cancelled.
 Every statement that reads or cancels a row names the key's producer in its ``WHERE``: a key
 never sees, or learns of, another producer's row (the answer is the same as for no row). Rows
 are written by ``write_requests`` after ``open_request`` names the transaction's
-``notifier.producer``, which the column's default fills in.
+``notifier.producer``, which the column's default fills in, or a single request's by
+``write_alone``, which does both in one statement.
 """
 
 from __future__ import annotations
@@ -212,6 +213,49 @@ WRITE_ONE = for_driver(
     RETURNING id, dedupe_key
 """
 )
+# A single request's row, in one statement run on its own (autocommit: its implicit
+# transaction is the request's): the transaction's producer named, the row's key held (tried,
+# never waited for; until the statement's commit), and the row written as ``WRITE_ONE`` writes
+# it. Four round trips fewer than BEGIN, ``OPEN_REQUEST``, ``WRITE_ONE`` and COMMIT, and four
+# wake-ups fewer of a server process and of the API's thread, which cost the workers' drains
+# on the same cores more than their CPU did (docs/api.md, "Measured"). The CTE is materialized:
+# it runs once, before any row is formed, whose producer column's default reads the setting.
+# The statement's snapshot is older than the lock it takes: a first request that committed in
+# between is not seen by the ``NOT EXISTS`` tests, but its row is by ``ON CONFLICT``, and the
+# request is then answered from it (``first_requests``), as a replay or a refusal.
+WRITE_ALONE = for_driver(
+    f"""
+    WITH opened AS MATERIALIZED (
+        SELECT set_config('notifier.producer', :name, true),
+               CAST(:dedupe_key AS text) IS NULL
+               OR pg_try_advisory_xact_lock(hashtextextended(:dedupe_key, 26)) AS held
+    ), written AS (
+        INSERT INTO notifications ({producers.INSERTED}, request_hash)
+        SELECT {producers.VALUES}, CAST(:body_hash AS bytea)
+          FROM opened
+         WHERE opened.held
+           AND NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
+           AND NOT EXISTS (SELECT FROM notifications WHERE dedupe_key = :dedupe_key)
+        ON CONFLICT (dedupe_key) DO NOTHING
+        RETURNING id
+    )
+    SELECT (SELECT held FROM opened), (SELECT id FROM written)
+"""
+)
+
+
+def write_alone(
+    conn: Connection, producer: str, row: Mapping[str, Any], body_hash: bytes | None
+) -> tuple[bool, int | None]:
+    """Write one row (as ``producers.enqueue_row`` takes it) as ``producer``'s, keyed with its
+    request's hash, in one statement that is its own transaction (``conn`` in autocommit):
+    whether its key was free to hold, and the row's id, ``None`` if its key was used before
+    (by a row, or by a request whose row is gone) or was not free."""
+    params = {**row, "name": producer, "body_hash": body_hash}
+    [(held, row_id)] = _rows(conn, WRITE_ALONE, params)
+    return bool(held), None if row_id is None else int(row_id)
+
+
 # More rows arrive by COPY into a session's own staging table, stamped with the call that
 # staged them, and are inserted in the order given (their ids too, as identity values are drawn
 # in that order): no JSON to build or parse, and the table emptied at commit, in one go, not

@@ -228,6 +228,33 @@ def test_concurrent_requests_with_one_key_write_one_row(
     assert len(rows(engine)) == 1
 
 
+def test_a_single_request_holds_its_key_in_the_statement_that_writes_its_row(
+    api: str, make_key: MakeKey, engine: Engine
+) -> None:
+    """A single request's key is held, and its row written as its key's producer's, by one
+    statement: while another transaction holds the key the request is told to come back and
+    nothing is written; once it is free the row is written, and nothing of the request is
+    left held or named on the connection it was written on."""
+    key, idem = make_key("billing"), {"Idempotency-Key": "held"}
+    lock = text("SELECT pg_advisory_xact_lock(hashtextextended('billing:held', 26))")
+    with engine.begin() as holder:
+        holder.execute(lock)
+        waited = call(api, key, "POST", "/v1/notifications", json=MAIL, headers=idem)
+        assert (waited.status_code, waited.json()["error"]["code"]) == (409, "in_progress")
+        assert waited.headers["Retry-After"] == "1"
+        assert rows(engine) == []
+    made = call(api, key, "POST", "/v1/notifications", json=MAIL, headers=idem)
+    assert made.status_code == 201
+    assert [(r[1], r[2]) for r in rows(engine)] == [("billing", "billing:held")]
+    with engine.begin() as other:  # the key is free again: the request's transaction ended
+        assert other.execute(
+            text("SELECT pg_try_advisory_xact_lock(hashtextextended('billing:held', 26))")
+        ).scalar_one()
+    plain = call(api, key, "POST", "/v1/notifications", json={**MAIL, "to": "bo@example.com"})
+    assert plain.status_code == 201
+    assert {r[1] for r in rows(engine)} == {"billing"}
+
+
 def test_a_key_reads_and_cancels_only_its_own_rows(
     api: str, make_key: MakeKey, engine: Engine
 ) -> None:
