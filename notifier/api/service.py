@@ -32,6 +32,14 @@ from notifier.settings import Settings
 log = logging.getLogger(__name__)
 
 RATE_KEY = "notifier:api:rate:{key}:{second}"
+#: A key's requests in a second, counted, and the count kept for two seconds, in one command:
+#: a pipeline's MULTI, INCR, EXPIRE and EXEC cost the API's process about a tenth of its CPU a
+#: request (py-spy, 200 requests a second).
+COUNT = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], 2) end
+return n
+"""
 
 
 class Presented(NamedTuple):
@@ -53,6 +61,7 @@ class Service:
         self.engine = engine
         self.counter = counter
         self.clock = clock
+        self._count = counter.register_script(COUNT) if counter is not None else None
         self._slots: int | None = None  # batch slots, read from the server at the first batch
         # Connections in autocommit: each statement its own transaction, with no BEGIN and
         # COMMIT (or ROLLBACK) around it. A key is read on one, and a single request is written
@@ -87,16 +96,13 @@ class Service:
     def admit(self, key: KeyRow) -> None:
         """Count the request against its key's rate, shared by every API process; 429 past it.
         Without Redis the request goes on (logged): producers' rows are not lost to it."""
-        if self.counter is None:
+        if self._count is None:
             return
         limit = key.per_second or self.settings.api_rate_per_second
         second = int(self.clock().timestamp())
         name = RATE_KEY.format(key=key.id, second=second)
         try:
-            pipe = self.counter.pipeline(transaction=True)
-            pipe.incr(name)
-            pipe.expire(name, 2)
-            count = int(pipe.execute()[0])
+            count = int(self._count(keys=[name]))
         except redis.RedisError as exc:
             log.warning("API rate limit not counted, Redis unavailable: %s", exc)
             return

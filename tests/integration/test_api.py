@@ -458,6 +458,10 @@ def test_a_key_over_its_rate_is_told_when_to_come_back(
     assert refused.headers["Retry-After"] == "1"
     assert refused.json()["error"]["code"] == "rate_limited"
     assert (others, later) == (404, 404)  # each key its own count, each second anew
+    counts = list(counter.scan_iter("notifier:api:rate:*"))
+    assert len(counts) == 3  # a key's second, the other key's, and the key's next second
+    ttls = [counter.ttl(name) for name in counts]
+    assert all(isinstance(t, int) and 0 < t <= 2 for t in ttls)  # each forgotten by itself
 
 
 def test_a_write_over_its_rate_writes_nothing(
@@ -467,7 +471,7 @@ def test_a_write_over_its_rate_writes_nothing(
     now = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
     app = create_app(make_settings(), engine, counter, clock=lambda: now)
     key = make_key(per_second=1)
-    with serving(app, free_port()) as url:  # the key is read in the write's own transaction
+    with serving(app, free_port()) as url:  # the key is read on the write's own connection
         answers = [
             call(url, key, "POST", "/v1/notifications", json={**MAIL, "to": to},
                  headers={"Idempotency-Key": to})
@@ -475,6 +479,21 @@ def test_a_write_over_its_rate_writes_nothing(
         ]  # fmt: skip
     assert [a.status_code for a in answers] == [201, 429]
     assert [r[3] for r in rows(engine)] == ["ann@example.com"]  # counted before it is written
+
+
+def test_a_write_goes_on_uncounted_when_redis_does_not_answer(
+    engine: Engine, make_settings: MakeSettings, make_key: MakeKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rate is not counted without Redis: the producer's row is written, not refused."""
+    gone = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=2)
+    with pytest.raises(redis.ConnectionError):
+        gone.ping()  # nothing listens there
+    app = create_app(make_settings(), engine, gone)
+    with serving(app, free_port()) as url:
+        made = call(url, make_key(), "POST", "/v1/notifications", json=MAIL)
+    assert made.status_code == 201
+    assert [r[3] for r in rows(engine)] == ["ann@example.com"]
+    assert "API rate limit not counted, Redis unavailable" in caplog.text
 
 
 def test_an_outage_is_a_503_not_a_500(make_settings: MakeSettings, make_key: MakeKey) -> None:
