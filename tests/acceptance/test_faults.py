@@ -216,20 +216,16 @@ def _pid(claimed_by: str) -> int:
     return int(claimed_by.split(":")[1])
 
 
-def _client_ports(pid: int, server_port: int) -> set[int]:
+def _client_ports(pid: int, server_port: int, besides: int | None = None) -> set[int]:
     """The local TCP ports of ``pid``'s connections to ``server_port`` (the database's), from
-    /proc: the process's socket inodes matched against the kernel's TCP tables.
+    /proc: the process's socket inodes matched against the kernel's TCP tables. With
+    ``besides``, only those that process does not hold too (a pool process's own connections,
+    not those it inherited from its parent).
 
     Only connections to that port: a local port is unique to a connection, not to a host, and
     the port of the process's connection to Redis may be another process's, or this test's own,
     port to the database."""
-    inodes = set()
-    fds = Path(f"/proc/{pid}/fd")
-    for fd in fds.iterdir() if fds.exists() else ():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+    inodes = _socket_inodes(pid) - (_socket_inodes(besides) if besides is not None else set())
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as lines:
@@ -238,6 +234,17 @@ def _client_ports(pid: int, server_port: int) -> set[int]:
                 if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == server_port:
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir() if fds.exists() else ():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
 
 
 def _backends(engine: Engine, ports: set[int]) -> set[int]:
@@ -341,8 +348,10 @@ def test_sigkill_mid_batch_loses_nothing(
             continue
         claimed_by, seen_holding = victim
         pid = _pid(claimed_by)
-        backends = _backends(engine, _client_ports(pid, engine.url.port or 5432))
+        port = engine.url.port or 5432
+        backends = _backends(engine, _client_ports(pid, port))
         assert backends, f"no database connection of pool process {pid} found"
+        own = _backends(engine, _client_ports(pid, port, besides=services.pid("w1")))
         os.kill(pid, signal.SIGKILL)
         killed.add(pid)
         wait_for(lambda: process_gone(pid), 5, f"pool process {pid} to die")  # noqa: B023
@@ -353,6 +362,14 @@ def test_sigkill_mid_batch_loses_nothing(
             lambda: not _busy_backends(engine, backends),  # noqa: B023
             30,
             f"the database connections of pool process {pid} to end",
+        )
+        # Its own connections' backends end once they have read all it sent: one idle in the
+        # check above may not yet have read a statement sent just before the kill, which would
+        # then record outcomes after the rows below are read.
+        wait_for(
+            lambda: not _stat_activity(engine, "pid", own),  # noqa: B023
+            30,
+            f"the backends of pool process {pid}'s own connections to exit",
         )
         # It is dead: the rows it still holds are exactly those in flight when it died.
         with engine.connect() as conn:
