@@ -203,16 +203,15 @@ def first_requests(
 # row without a key has no hash. A single request's key is looked for on the rows before the
 # insert, too: a retry of a request is answered from its row without an insert tried first
 # (whose triggers, and the wait for the first request's row, a batch's rows pay for).
-WRITE_ONE = for_driver(
-    f"""
+_INSERT_ONE = f"""
     INSERT INTO notifications ({producers.INSERTED}, request_hash)
     SELECT {producers.VALUES}, CAST(:body_hash AS bytea)
-     WHERE NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
+      {{source}}
+     WHERE {{condition}} NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
        AND NOT EXISTS (SELECT FROM notifications WHERE dedupe_key = :dedupe_key)
     ON CONFLICT (dedupe_key) DO NOTHING
-    RETURNING id, dedupe_key
 """
-)
+WRITE_ONE = for_driver(_INSERT_ONE.format(source="", condition="") + "RETURNING id, dedupe_key")
 # A single request's row, in one statement run on its own (autocommit: its implicit
 # transaction is the request's): the transaction's producer named, the row's key held (tried,
 # never waited for; until the statement's commit), and the row written as ``WRITE_ONE`` writes
@@ -231,13 +230,7 @@ WRITE_ALONE = for_driver(
                CAST(:dedupe_key AS text) IS NULL
                OR pg_try_advisory_xact_lock(hashtextextended(:dedupe_key, 26)) AS held
     ), written AS (
-        INSERT INTO notifications ({producers.INSERTED}, request_hash)
-        SELECT {producers.VALUES}, CAST(:body_hash AS bytea)
-          FROM opened
-         WHERE opened.held
-           AND NOT EXISTS (SELECT FROM api_requests WHERE dedupe_key = :dedupe_key)
-           AND NOT EXISTS (SELECT FROM notifications WHERE dedupe_key = :dedupe_key)
-        ON CONFLICT (dedupe_key) DO NOTHING
+        {_INSERT_ONE.format(source="FROM opened", condition="opened.held AND")}
         RETURNING id
     )
     SELECT (SELECT held FROM opened), (SELECT id FROM written)
