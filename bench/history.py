@@ -151,7 +151,7 @@ LOCK_SAMPLE = 0.02
 STATS_FLUSHED = 1.0
 #: ``full``'s drain must reach this share of ``empty``'s.
 TARGET = 0.9
-TABLES = ("notifications", "notification_attempts")
+TABLES = ("notifications", "notification_attempts", "notification_queue")
 #: What the cluster runs with besides its port and socket folder: the machine's server's
 #: settings (bench/testhost.py), autovacuum on.
 SERVER = {

@@ -51,9 +51,28 @@ _CLAIM_LIMITS = {
 }
 
 # Run on the driver's cursor, hence ``for_driver``: a batch's rows become Notifications without a
-# result layer between.
+# result layer between. The claim reads ``notification_queue`` (migration 0029), whose entries
+# it deletes: ``notifications_due`` keeps a claimed row's entry until ``notifications`` is
+# vacuumed, and every claim would read past it. An entry and its row are locked together, and
+# either skipped if the other is locked: a claim never waits, so neither on a producer's open
+# transaction nor in a deadlock with it. An entry that no longer matches its row (the row has
+# left ``pending``, or its priority or time changed and it has a newer entry) is stale: deleted,
+# and nothing claimed for it. The rows are then updated by their keys alone (an ``= ANY`` on
+# the primary key), which no planner estimate can turn into a scan.
 CLAIM_DUE = for_driver(
     f"""
+    WITH due AS (
+        SELECT q.ctid AS entry, q.id,
+               r.status = 'pending' AND r.priority = q.priority
+               AND r.next_attempt_at = q.next_attempt_at AS matches
+          FROM notification_queue q JOIN notifications r ON r.id = q.id
+         WHERE q.next_attempt_at <= now()
+         ORDER BY q.priority DESC, q.next_attempt_at, q.id
+         LIMIT :limit
+           FOR UPDATE OF q, r SKIP LOCKED
+    ), taken AS (
+        DELETE FROM notification_queue WHERE ctid = ANY (ARRAY(SELECT entry FROM due))
+    )
     UPDATE notifications AS n
        SET status = 'processing',
            attempts = n.attempts + 1,
@@ -61,13 +80,7 @@ CLAIM_DUE = for_driver(
            claimed_by = :worker,
            locked_until = now() + make_interval(secs => :lease_seconds),
            updated_at = now()
-      FROM (SELECT id
-              FROM notifications
-             WHERE status = 'pending' AND next_attempt_at <= now()
-             ORDER BY priority DESC, next_attempt_at, id
-             LIMIT :limit
-               FOR UPDATE SKIP LOCKED) AS due
-     WHERE n.id = due.id
+     WHERE n.id = ANY (ARRAY(SELECT id FROM due WHERE matches))
     RETURNING {_RETURNING}
 """
 )
@@ -76,7 +89,7 @@ CLAIM_DUE = for_driver(
 # analyzed the table, the planner guesses that a third of it is due and reads every due row
 # (a bitmap scan) to sort them for the LIMIT: 400 ms a claim with a million rows waiting, until
 # autovacuum's ANALYZE comes round. Without a sort to choose, the only plan left reads
-# ``notifications_due`` in its order and stops at the LIMIT: 7 ms. Local to the transaction.
+# ``notification_queue_due`` in its order and stops at the LIMIT: 7 ms. Local to the transaction.
 CLAIM_PLAN = "SET LOCAL enable_sort = off"
 
 # Run before ``RECORD_OUTCOMES`` in its transaction. The planner cannot know how many rows a

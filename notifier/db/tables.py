@@ -160,6 +160,21 @@ notifications = Table(
 )
 
 
+# What the claim reads: an entry for each pending notification, written by triggers on
+# ``notifications`` and deleted by the claim that takes it (0029). Found by its row's id when
+# the row is cancelled, rescheduled or deleted while pending.
+notification_queue = Table(
+    "notification_queue",
+    metadata,
+    Column("id", BigInteger, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Index("notification_queue_due", text("priority DESC"), "next_attempt_at", "id"),
+    Index("notification_queue_id", "id"),
+    comment="What the claim reads: an entry for each pending notification, written by triggers"
+    " on notifications; see docs/scaling.md.",
+)
+
 campaigns = Table(
     "campaigns",
     metadata,

@@ -35,6 +35,8 @@ ACTIONS = {
     "write attempts": "INSERT INTO notification_attempts"
     " (notification_id, attempt, worker, channel, outcome) VALUES ({own}, 1, 'w', 'null', 'sent')",
     "delete attempts": "DELETE FROM notification_attempts WHERE notification_id = {unowned}",
+    "read the claim's queue": "SELECT * FROM notification_queue",
+    "take from the claim's queue": "DELETE FROM notification_queue WHERE id = {unowned}",
     "read templates": "SELECT * FROM templates",
     "write templates": "INSERT INTO templates (name, channel, locale, body)"
     " VALUES ('t', 'null', 'en', 'x')",
@@ -68,6 +70,8 @@ MATRIX = {
     "read attempts": (_, Y, Y, _, Y),
     "write attempts": (_, Y, Y, _, Y),
     "delete attempts": (_, Y, Y, _, Y),
+    "read the claim's queue": (_, Y, _, _, Y),
+    "take from the claim's queue": (_, Y, _, _, Y),
     "read templates": (_, Y, Y, _, Y),
     "write templates": (_, _, Y, _, _),
     "read campaigns": (_, Y, Y, _, Y),

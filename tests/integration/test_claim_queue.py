@@ -1,0 +1,277 @@
+"""``notification_queue``: what the claim reads, kept by triggers on ``notifications`` (0029).
+
+The rule every test here checks: each pending row has exactly one entry, with its priority and
+its time, and every entry is a pending row's; whatever wrote the rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Connection, Engine, text
+
+from notifier.db import queue
+from notifier.db.engine import driver
+from notifier.models import AttemptOutcome, Decision
+
+ENTRIES = "SELECT id, priority, next_attempt_at FROM notification_queue ORDER BY id"
+PENDING = (
+    "SELECT id, priority, next_attempt_at FROM notifications WHERE status = 'pending' ORDER BY id"
+)
+
+
+def _entries_match_pending_rows(conn: Connection) -> None:
+    entries = conn.execute(text(ENTRIES)).all()
+    assert entries == conn.execute(text(PENDING)).all()
+
+
+def _insert(conn: Connection, n: int, **values: object) -> list[int]:
+    columns = ", ".join(["channel", "recipient", *values])
+    params = ", ".join([":channel", ":recipient", *(f":{k}" for k in values)])
+    return [
+        int(
+            conn.execute(
+                text(f"INSERT INTO notifications ({columns}) VALUES ({params}) RETURNING id"),
+                {"channel": "null", "recipient": f"r{i}", **values},
+            ).scalar_one()
+        )
+        for i in range(n)
+    ]
+
+
+def _claim(conn: Connection, limit: int = 1000) -> tuple[uuid.UUID, list[int]]:
+    token = uuid.uuid4()
+    claimed = queue.claim_due(conn, limit=limit, lease_seconds=60, token=token, worker="w")
+    return token, [n.id for n in claimed]
+
+
+def test_every_way_into_and_out_of_pending_keeps_one_entry_a_pending_row(engine: Engine) -> None:
+    with engine.begin() as conn:
+        a, b, c, d, e = _insert(conn, 5)
+        _insert(conn, 1, status="cancelled")
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient, priority)"
+                " SELECT 'null', 'many' || g, g FROM generate_series(1, 3) AS g"
+            )
+        )
+        _entries_match_pending_rows(conn)
+        conn.execute(text("DELETE FROM notifications WHERE recipient LIKE 'many%'"))
+        _entries_match_pending_rows(conn)
+        # A claim takes its rows' entries; a retry gives one back, at the retry's time.
+        token, claimed = _claim(conn)
+        assert sorted(claimed) == [a, b, c, d, e]
+        assert conn.execute(text(ENTRIES)).all() == []
+        retry = Decision(
+            a, "null", AttemptOutcome.retry, error="x", at=datetime(2033, 5, 18, tzinfo=UTC)
+        )
+        sent = [Decision(i, "null", AttemptOutcome.sent, sent_at=1e9) for i in (b, c, d, e)]
+        assert queue.record_outcomes(conn, token, [retry, *sent], worker="w") == 5
+        _entries_match_pending_rows(conn)
+        assert [r.id for r in conn.execute(text(ENTRIES))] == [a]
+        # Rescheduled, reprioritized, cancelled, deleted: always the row's current key or none.
+        conn.execute(
+            text("UPDATE notifications SET next_attempt_at = now() WHERE id = :a"), {"a": a}
+        )
+        conn.execute(text("UPDATE notifications SET priority = 7 WHERE id = :a"), {"a": a})
+        _entries_match_pending_rows(conn)
+        conn.execute(text("UPDATE notifications SET status = 'cancelled' WHERE id = :a"), {"a": a})
+        _entries_match_pending_rows(conn)
+        [f] = _insert(conn, 1)
+        conn.execute(text("DELETE FROM notifications WHERE id = :f"), {"f": f})
+        _entries_match_pending_rows(conn)
+        _insert(conn, 3)
+        conn.execute(text("TRUNCATE notifications RESTART IDENTITY CASCADE"))
+        assert conn.execute(text(ENTRIES)).all() == []
+
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.integers(-2, 2), st.integers(-5, 5)),
+        st.tuples(st.just("claim"), st.integers(1, 4)),
+        st.tuples(st.just("retry"), st.integers(-5, 5)),
+        st.tuples(st.just("reschedule"), st.integers(0, 9), st.integers(-5, 5)),
+        st.tuples(st.just("reprioritize"), st.integers(0, 9), st.integers(-2, 2)),
+        st.tuples(st.just("cancel"), st.integers(0, 9)),
+        st.tuples(st.just("delete"), st.integers(0, 9)),
+        st.tuples(st.just("rescue"), st.integers(0, 9)),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(operations=OPERATIONS)
+def test_any_sequence_of_writes_leaves_one_entry_per_pending_row_and_claims_in_order(
+    engine: Engine, operations: list[tuple[object, ...]]
+) -> None:
+    """Rows inserted, claimed, retried, rescheduled, reprioritized, cancelled, deleted and
+    rescued in any order: after each step the entries are the pending rows' keys, and a claim
+    takes the due pending rows in the order ``notifications`` alone gives."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE notifications RESTART IDENTITY CASCADE"))
+        held: dict[int, uuid.UUID] = {}
+        for op in operations:
+            ids = conn.execute(text("SELECT id FROM notifications ORDER BY id")).scalars().all()
+            pick = ids[int(op[1]) % len(ids)] if ids else None
+            if op[0] == "insert":
+                _insert(
+                    conn,
+                    1,
+                    priority=op[1],
+                    next_attempt_at=datetime.now(UTC) + timedelta(minutes=int(op[2])),
+                )
+            elif op[0] == "claim":
+                expected = (
+                    conn.execute(
+                        text(
+                            "SELECT id FROM notifications WHERE status = 'pending'"
+                            " AND next_attempt_at <= now()"
+                            " ORDER BY priority DESC, next_attempt_at, id LIMIT :n"
+                        ),
+                        {"n": op[1]},
+                    )
+                    .scalars()
+                    .all()
+                )
+                token, claimed = _claim(conn, int(op[1]))
+                assert sorted(claimed) == sorted(expected)
+                held.update(dict.fromkeys(claimed, token))
+            elif op[0] == "retry" and held:
+                row, token = held.popitem()
+                at = datetime.now(UTC) + timedelta(minutes=int(op[1]))
+                retry = Decision(row, "null", AttemptOutcome.retry, error="x", at=at)
+                queue.record_outcomes(conn, token, [retry], worker="w")
+            elif pick is not None and op[0] == "reschedule":
+                conn.execute(
+                    text(
+                        "UPDATE notifications SET next_attempt_at = now()"
+                        " + make_interval(mins => :m) WHERE id = :id"
+                    ),
+                    {"m": op[2], "id": pick},
+                )
+            elif pick is not None and op[0] == "reprioritize":
+                conn.execute(
+                    text("UPDATE notifications SET priority = :p WHERE id = :id"),
+                    {"p": op[2], "id": pick},
+                )
+            elif pick is not None and op[0] == "cancel":
+                conn.execute(
+                    text(
+                        "UPDATE notifications SET status = 'cancelled', locked_until = NULL"
+                        " WHERE id = :id AND status IN ('pending', 'processing')"
+                    ),
+                    {"id": pick},
+                )
+                held.pop(pick, None)
+            elif pick is not None and op[0] == "delete":
+                conn.execute(text("DELETE FROM notifications WHERE id = :id"), {"id": pick})
+                held.pop(pick, None)
+            elif pick is not None and op[0] == "rescue" and pick in held:
+                conn.execute(
+                    text(
+                        "UPDATE notifications SET status = 'pending', locked_until = NULL"
+                        " WHERE id = :id AND status = 'processing'"
+                    ),
+                    {"id": pick},
+                )
+                held.pop(pick)
+            _entries_match_pending_rows(conn)
+
+
+def test_a_claim_skips_a_row_a_producer_holds_and_neither_deadlocks(
+    engine: Engine, database_url: str
+) -> None:
+    """A producer's open transaction holds a due row (it changed its body): a claim takes the
+    rows beside it at once. The producer then reschedules the row while the claim's
+    transaction is still open: it waits for that transaction (the claim holds the row's entry
+    it skipped), not the other way round, so there is no deadlock to break, and both commit.
+    The row is then claimed at its new time."""
+    with engine.begin() as conn:
+        held, *others = _insert(conn, 4)
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    failures: list[BaseException] = []
+    with psycopg.connect(url) as producer:
+        producer.execute("SET lock_timeout = '20s'")
+        producer.execute("UPDATE notifications SET body = 'changed' WHERE id = %s", (held,))
+
+        def reschedule() -> None:
+            try:
+                producer.execute(
+                    "UPDATE notifications SET next_attempt_at = now() - interval '1 minute'"
+                    " WHERE id = %s",
+                    (held,),
+                )
+            except psycopg.Error as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=reschedule)
+        with engine.connect() as conn:
+            with conn.begin():
+                driver(conn).execute("SET LOCAL lock_timeout = '20s'")
+                _, claimed = _claim(conn)
+                assert sorted(claimed) == others
+                thread.start()
+                # The producer's statement waits on the claim's transaction (seen waiting on a
+                # lock), which must still be able to finish.
+                waiting = (
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE 'UPDATE notifications SET next_attempt_at%%'"
+                )
+                for _ in range(200):
+                    if conn.execute(text(waiting)).scalar_one():
+                        break
+                    threading.Event().wait(0.05)
+                else:
+                    raise AssertionError("the producer's reschedule never waited on the claim")
+            thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert failures == []
+        producer.commit()
+    with engine.begin() as conn:
+        _entries_match_pending_rows(conn)
+        assert _claim(conn)[1] == [held]
+
+
+def test_an_entry_whose_row_does_not_match_is_dropped_not_claimed(engine: Engine) -> None:
+    """Rows written with triggers off (``session_replication_role = replica``) leave entries
+    that do not match their rows: a claim deletes each such entry and claims nothing for it;
+    the statement docs/operations.md gives queues the pending rows left without one."""
+    with engine.begin() as conn:
+        ids = _insert(conn, 3)
+        conn.execute(text("SET LOCAL session_replication_role = replica"))
+        conn.execute(
+            text("UPDATE notifications SET status = 'cancelled' WHERE id = :i"), {"i": ids[0]}
+        )
+        conn.execute(
+            text(
+                "UPDATE notifications SET next_attempt_at = now() - interval '1 hour' WHERE id = :i"
+            ),
+            {"i": ids[1]},
+        )
+        orphan = _insert(conn, 1)[0]
+    with engine.begin() as conn:
+        assert _claim(conn)[1] == [ids[2]]
+        assert conn.execute(text(ENTRIES)).all() == []
+        conn.execute(text(ORPHANS))
+        assert sorted(_claim(conn)[1]) == [ids[1], orphan]
+
+
+#: docs/operations.md's statement, as it is printed there.
+ORPHANS = """
+INSERT INTO notification_queue (id, priority, next_attempt_at)
+SELECT n.id, n.priority, n.next_attempt_at
+  FROM notifications n
+ WHERE n.status = 'pending'
+   AND NOT EXISTS (SELECT FROM notification_queue q WHERE q.id = n.id
+                      AND q.priority = n.priority AND q.next_attempt_at = n.next_attempt_at)
+"""
