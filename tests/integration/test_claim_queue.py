@@ -272,3 +272,30 @@ def test_an_entry_whose_row_does_not_match_is_dropped_not_claimed(engine: Engine
         assert conn.execute(text(ENTRIES)).all() == []
         conn.execute(text(_repair_statement()))
         assert sorted(_claim(conn)[1]) == [ids[1], orphan]
+
+
+#: How workers claimed before migration 0029: from ``notifications_due``, leaving the queue.
+OLD_CLAIM = """
+    UPDATE notifications AS n
+       SET status = 'processing', attempts = n.attempts + 1, claim_token = gen_random_uuid(),
+           claimed_by = 'old', locked_until = now() + interval '1 minute', updated_at = now()
+      FROM (SELECT id FROM notifications
+             WHERE status = 'pending' AND next_attempt_at <= now()
+             ORDER BY priority DESC, next_attempt_at, id
+             LIMIT 4 FOR UPDATE SKIP LOCKED) AS due
+     WHERE n.id = due.id
+    RETURNING n.id
+"""
+
+
+def test_workers_of_the_old_claim_beside_the_new_claim_each_row_once(engine: Engine) -> None:
+    """During an upgrade, workers of the old image claim from ``notifications`` directly and
+    leave their rows' entries behind: the new claim takes only the rows they did not, and
+    drops the entries they left."""
+    with engine.begin() as conn:
+        ids = _insert(conn, 10)
+        old = sorted(conn.execute(text(OLD_CLAIM)).scalars())
+        _, new = _claim(conn)
+        assert old == ids[:4]
+        assert sorted(new) == ids[4:]
+        assert conn.execute(text(ENTRIES)).all() == []
