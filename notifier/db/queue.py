@@ -55,10 +55,11 @@ _CLAIM_LIMITS = {
 # it deletes: ``notifications_due`` keeps a claimed row's entry until ``notifications`` is
 # vacuumed, and every claim would read past it. An entry and its row are locked together, and
 # either skipped if the other is locked: a claim never waits, so neither on a producer's open
-# transaction nor in a deadlock with it. An entry that no longer matches its row (the row has
-# left ``pending``, or its priority or time changed and it has a newer entry) is stale: deleted,
-# and nothing claimed for it. The rows are then updated by their keys alone (an ``= ANY`` on
-# the primary key), which no planner estimate can turn into a scan.
+# transaction nor in a deadlock with it. The triggers keep each entry equal to its row's key;
+# an entry that no longer matches its row (left by a write with triggers off: the row has left
+# ``pending``, or its priority or time changed) is stale: deleted, and nothing claimed for it.
+# The rows are then updated by their keys alone (an ``= ANY`` on the primary key), which no
+# planner estimate can turn into a scan.
 CLAIM_DUE = for_driver(
     f"""
     WITH due AS (
