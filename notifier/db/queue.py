@@ -58,12 +58,16 @@ _CLAIM_LIMITS = {
 # transaction nor in a deadlock with it. The triggers keep each entry equal to its row's key;
 # an entry that no longer matches its row (left by a write with triggers off: the row has left
 # ``pending``, or its priority or time changed) is stale: deleted, and nothing claimed for it.
-# The rows are then updated by their keys alone (an ``= ANY`` on the primary key), which no
-# planner estimate can turn into a scan.
+# The rows are updated where the lock found them (``ctid``), not looked up again by their keys:
+# one descent of the primary key fewer a row, and an ``= ANY`` no planner estimate can turn
+# into a scan. A row its lock found changed since the statement began (another transaction
+# wrote it and committed meanwhile) is locked in its new version, which the statement's
+# snapshot cannot see: the update passes it over, so its entry is kept for the next claim and
+# only the entries of rows claimed, and of stale ones, are deleted.
 CLAIM_DUE = for_driver(
     f"""
     WITH due AS (
-        SELECT q.ctid AS entry, q.id,
+        SELECT q.ctid AS entry, r.ctid AS found, q.id,
                r.status = 'pending' AND r.priority = q.priority
                AND r.next_attempt_at = q.next_attempt_at AS matches
           FROM notification_queue q JOIN notifications r ON r.id = q.id
@@ -71,18 +75,22 @@ CLAIM_DUE = for_driver(
          ORDER BY q.priority DESC, q.next_attempt_at, q.id
          LIMIT :limit
            FOR UPDATE OF q, r SKIP LOCKED
+    ), claimed AS (
+        UPDATE notifications AS n
+           SET status = 'processing',
+               attempts = n.attempts + 1,
+               claim_token = :token,
+               claimed_by = :worker,
+               locked_until = now() + make_interval(secs => :lease_seconds),
+               updated_at = now()
+         WHERE n.ctid = ANY (ARRAY(SELECT found FROM due WHERE matches))
+        RETURNING {_RETURNING}
     ), taken AS (
-        DELETE FROM notification_queue WHERE ctid = ANY (ARRAY(SELECT entry FROM due))
+        DELETE FROM notification_queue
+         WHERE ctid = ANY (ARRAY(SELECT entry FROM due
+                                  WHERE NOT matches OR id IN (SELECT id FROM claimed)))
     )
-    UPDATE notifications AS n
-       SET status = 'processing',
-           attempts = n.attempts + 1,
-           claim_token = :token,
-           claimed_by = :worker,
-           locked_until = now() + make_interval(secs => :lease_seconds),
-           updated_at = now()
-     WHERE n.id = ANY (ARRAY(SELECT id FROM due WHERE matches))
-    RETURNING {_RETURNING}
+    SELECT * FROM claimed
 """
 )
 

@@ -235,7 +235,7 @@ def test_a_claim_skips_a_row_a_producer_holds_and_neither_deadlocks(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                     " AND query LIKE 'UPDATE notifications SET next_attempt_at%%'"
                 )
-                for _ in range(200):
+                for _ in range(600):
                     if conn.execute(text(waiting)).scalar_one():
                         break
                     threading.Event().wait(0.05)
@@ -272,6 +272,72 @@ def test_an_entry_whose_row_does_not_match_is_dropped_not_claimed(engine: Engine
         assert conn.execute(text(ENTRIES)).all() == []
         conn.execute(text(_repair_statement()))
         assert sorted(_claim(conn)[1]) == [ids[1], orphan]
+
+
+#: Test-only: a claim's statement whose session sets ``test.hold`` waits here, once its
+#: snapshot is taken and before it locks a row, for the advisory lock the test holds.
+HOLD_AFTER_SNAPSHOT = """
+    CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF current_setting('test.hold', true) = 'on' THEN
+            PERFORM pg_advisory_xact_lock(4242);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER test_hold BEFORE UPDATE ON notifications
+        FOR EACH STATEMENT EXECUTE FUNCTION test_hold();
+"""
+
+
+def test_a_row_written_after_the_claims_snapshot_is_left_queued_for_the_next_claim(
+    engine: Engine, database_url: str
+) -> None:
+    """A producer changes a due row's body and commits after a claim's statement began and
+    before it locks the row: the lock finds the row's new version, which the statement's
+    snapshot cannot see. The claim takes the rows beside it, and leaves that row pending with
+    its entry (not dropped, which would strand it); the next claim takes it."""
+    with engine.begin() as conn:
+        changed, *others = _insert(conn, 4)
+        conn.execute(text(HOLD_AFTER_SNAPSHOT))
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    result: list[list[int]] = []
+    failures: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            with engine.connect() as conn, conn.begin():
+                driver(conn).execute("SET LOCAL test.hold = 'on'")
+                driver(conn).execute("SET LOCAL lock_timeout = '20s'")
+                result.append(_claim(conn)[1])
+        except Exception as exc:  # the test reports it once the thread is joined
+            failures.append(exc)
+
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(4242)")
+        thread = threading.Thread(target=claim)
+        thread.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND wait_event = 'advisory' AND query LIKE '%%notification_queue%%'"
+        )
+        for _ in range(600):
+            if other.execute(waiting).fetchone() == (1,):
+                break
+            threading.Event().wait(0.05)
+        else:
+            raise AssertionError("the claim never waited after its snapshot")
+        other.execute("UPDATE notifications SET body = 'changed' WHERE id = %s", (changed,))
+        other.execute("SELECT pg_advisory_unlock(4242)")
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert failures == []
+    assert sorted(result[0]) == others
+    with engine.begin() as conn:
+        _entries_match_pending_rows(conn)
+        assert _claim(conn)[1] == [changed]
+        assert conn.execute(
+            text("SELECT body, attempts FROM notifications WHERE id = :i"), {"i": changed}
+        ).one() == ("changed", 1)
 
 
 #: How workers claimed before migration 0029: from ``notifications_due``, leaving the queue.
