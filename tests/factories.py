@@ -66,13 +66,13 @@ class Rows:
     def make(self, **columns: Any) -> int:
         """One row as a producer enqueues it, then in whatever state ``columns`` add; its id."""
         with self.engine.begin() as conn:
-            return self._make(conn, columns)
+            return write_row(conn, **columns)
 
     def many(self, n: int, **columns: Field) -> list[int]:
         """``n`` rows like ``make``'s, in one transaction; a callable column is given 1..n."""
         with self.engine.begin() as conn:
             return [
-                self._make(conn, {k: v(i) if callable(v) else v for k, v in columns.items()})
+                write_row(conn, **{k: v(i) if callable(v) else v for k, v in columns.items()})
                 for i in range(1, n + 1)
             ]
 
@@ -97,27 +97,30 @@ class Rows:
                 ).scalar_one()
             )
 
-    def _make(self, conn: Connection, columns: Mapping[str, Any]) -> int:
-        given = {**DEFAULTS, **columns}
-        payload = given.pop("payload", None)
-        values: dict[str, Any] = {bind: None for bind in PRODUCER_COLUMNS.values()}
-        values["max_attempts"] = given.pop("max_attempts", 5)
-        values["priority"] = given.pop("priority", 0)
-        values["payload"] = payload if isinstance(payload, str) else json.dumps(payload or {})
-        for column, bind in PRODUCER_COLUMNS.items():
-            if column in given:
-                values[bind] = given.pop(column)
-        row_id, created = producers.enqueue_row(conn, values)
-        if not created:
-            raise ValueError(f"a row with dedupe key {values['dedupe_key']!r} already exists")
-        given = _complete(given)
-        if given:  # a state no producer writes: set it on the new row
-            assignments = ", ".join(f"{name} = :{name}" for name in given)
-            conn.execute(
-                text(f"UPDATE notifications SET {assignments} WHERE id = :id"),
-                {**given, "id": row_id},
-            )
-        return row_id
+
+def write_row(conn: Connection, **columns: Any) -> int:
+    """``Rows.make`` on the caller's connection, in its transaction (one the test keeps open,
+    or with settings of its own such as ``session_replication_role``); the row's id."""
+    given = {**DEFAULTS, **columns}
+    payload = given.pop("payload", None)
+    values: dict[str, Any] = {bind: None for bind in PRODUCER_COLUMNS.values()}
+    values["max_attempts"] = given.pop("max_attempts", 5)
+    values["priority"] = given.pop("priority", 0)
+    values["payload"] = payload if isinstance(payload, str) else json.dumps(payload or {})
+    for column, bind in PRODUCER_COLUMNS.items():
+        if column in given:
+            values[bind] = given.pop(column)
+    row_id, created = producers.enqueue_row(conn, values)
+    if not created:
+        raise ValueError(f"a row with dedupe key {values['dedupe_key']!r} already exists")
+    given = _complete(given)
+    if given:  # a state no producer writes: set it on the new row
+        assignments = ", ".join(f"{name} = :{name}" for name in given)
+        conn.execute(
+            text(f"UPDATE notifications SET {assignments} WHERE id = :id"),
+            {**given, "id": row_id},
+        )
+    return row_id
 
 
 def _complete(state: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, text
 from notifier.db import queue
 from notifier.db.engine import driver
 from notifier.models import AttemptOutcome, Decision
+from tests.factories import write_row
 
 OPERATIONS_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 ENTRIES = "SELECT id, priority, next_attempt_at FROM notification_queue ORDER BY id"
@@ -38,18 +39,9 @@ def _entries_match_pending_rows(conn: Connection) -> None:
     assert entries == conn.execute(text(PENDING)).all()
 
 
-def _insert(conn: Connection, n: int, **values: object) -> list[int]:
-    columns = ", ".join(["channel", "recipient", *values])
-    params = ", ".join([":channel", ":recipient", *(f":{k}" for k in values)])
-    return [
-        int(
-            conn.execute(
-                text(f"INSERT INTO notifications ({columns}) VALUES ({params}) RETURNING id"),
-                {"channel": "null", "recipient": f"r{i}", **values},
-            ).scalar_one()
-        )
-        for i in range(n)
-    ]
+def _insert(conn: Connection, n: int, **columns: object) -> list[int]:
+    """``n`` rows as producers write them, on the test's connection and in its transaction."""
+    return [write_row(conn, recipient=f"r{i}", **columns) for i in range(n)]
 
 
 def _claim(conn: Connection, limit: int = 1000) -> tuple[uuid.UUID, list[int]]:
@@ -61,7 +53,12 @@ def _claim(conn: Connection, limit: int = 1000) -> tuple[uuid.UUID, list[int]]:
 def test_every_way_into_and_out_of_pending_keeps_one_entry_a_pending_row(engine: Engine) -> None:
     with engine.begin() as conn:
         a, b, c, d, e = _insert(conn, 5)
-        _insert(conn, 1, status="cancelled")
+        conn.execute(
+            text(
+                "INSERT INTO notifications (channel, recipient, status)"
+                " VALUES ('null', 'c', 'cancelled')"
+            )
+        )
         conn.execute(
             text(
                 "INSERT INTO notifications (channel, recipient, priority)"
