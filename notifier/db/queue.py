@@ -58,12 +58,12 @@ _CLAIM_LIMITS = {
 # transaction nor in a deadlock with it. The triggers keep each entry equal to its row's key;
 # an entry that no longer matches its row (left by a write with triggers off: the row has left
 # ``pending``, or its priority or time changed) is stale: deleted, and nothing claimed for it.
-# The rows are updated where the lock found them (``ctid``), not looked up again by their keys:
-# one descent of the primary key fewer a row, and an ``= ANY`` no planner estimate can turn
-# into a scan. A row its lock found changed since the statement began (another transaction
-# wrote it and committed meanwhile) is locked in its new version, which the statement's
-# snapshot cannot see: the update passes it over, so its entry is kept for the next claim and
-# only the entries of rows claimed, and of stale ones, are deleted.
+# The rows are updated where the lock found them (``ctid = ANY``: a TID scan, which no planner
+# estimate can turn into a scan of the table), not looked up again by their keys: one descent
+# of the primary key fewer a row. A row its lock found changed since the statement began
+# (another transaction wrote it and committed meanwhile) is locked in its new version, which
+# the statement's snapshot cannot see: the update passes it over, so its entry is kept for the
+# next claim, and only the entries of rows claimed, and of stale ones, are deleted.
 CLAIM_DUE = for_driver(
     f"""
     WITH due AS (
