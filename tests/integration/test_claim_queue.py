@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, text
 from notifier.db import queue
 from notifier.db.engine import driver
 from notifier.models import AttemptOutcome, Decision
+from tests.db_faults import hold_updates, lock_waiters, wait_until
 from tests.factories import write_row
 
 OPERATIONS_DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -205,7 +206,7 @@ def test_a_claim_skips_a_row_a_producer_holds_and_neither_deadlocks(
         held, *others = _insert(conn, 4)
     url = database_url.replace("postgresql+psycopg://", "postgresql://")
     failures: list[BaseException] = []
-    with psycopg.connect(url) as producer:
+    with psycopg.connect(url) as producer, psycopg.connect(url, autocommit=True) as monitor:
         producer.execute("SET lock_timeout = '20s'")
         producer.execute("UPDATE notifications SET body = 'changed' WHERE id = %s", (held,))
 
@@ -227,17 +228,14 @@ def test_a_claim_skips_a_row_a_producer_holds_and_neither_deadlocks(
                 assert sorted(claimed) == others
                 thread.start()
                 # The producer's statement waits on the claim's transaction (seen waiting on a
-                # lock), which must still be able to finish.
-                waiting = (
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE 'UPDATE notifications SET next_attempt_at%%'"
+                # lock, from a session of its own: a transaction sees one picture of
+                # pg_stat_activity), which must still be able to finish.
+                rescheduling = "UPDATE notifications SET next_attempt_at%"
+                wait_until(
+                    lambda: lock_waiters(monitor, rescheduling) > 0,
+                    "the producer's reschedule to wait on the claim",
+                    30.0,
                 )
-                for _ in range(600):
-                    if conn.execute(text(waiting)).scalar_one():
-                        break
-                    threading.Event().wait(0.05)
-                else:
-                    raise AssertionError("the producer's reschedule never waited on the claim")
             thread.join(timeout=30)
         assert not thread.is_alive()
         assert failures == []
@@ -271,19 +269,8 @@ def test_an_entry_whose_row_does_not_match_is_dropped_not_claimed(engine: Engine
         assert sorted(_claim(conn)[1]) == [ids[1], orphan]
 
 
-#: Test-only: a claim's statement whose session sets ``test.hold`` waits here, once its
-#: snapshot is taken and before it locks a row, for the advisory lock the test holds.
-HOLD_AFTER_SNAPSHOT = """
-    CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF current_setting('test.hold', true) = 'on' THEN
-            PERFORM pg_advisory_xact_lock(4242);
-        END IF;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER test_hold BEFORE UPDATE ON notifications
-        FOR EACH STATEMENT EXECUTE FUNCTION test_hold();
-"""
+#: The advisory lock a claim waits for in ``hold_updates``.
+HOLD = 4242
 
 
 def test_a_row_written_after_the_claims_snapshot_is_left_queued_for_the_next_claim(
@@ -295,7 +282,7 @@ def test_a_row_written_after_the_claims_snapshot_is_left_queued_for_the_next_cla
     its entry (not dropped, which would strand it); the next claim takes it."""
     with engine.begin() as conn:
         changed, *others = _insert(conn, 4)
-        conn.execute(text(HOLD_AFTER_SNAPSHOT))
+    hold_updates(engine, HOLD)
     url = database_url.replace("postgresql+psycopg://", "postgresql://")
     result: list[list[int]] = []
     failures: list[BaseException] = []
@@ -310,21 +297,16 @@ def test_a_row_written_after_the_claims_snapshot_is_left_queued_for_the_next_cla
             failures.append(exc)
 
     with psycopg.connect(url, autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(4242)")
+        other.execute("SELECT pg_advisory_lock(%s)", (HOLD,))
         thread = threading.Thread(target=claim)
         thread.start()
-        waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND wait_event = 'advisory' AND query LIKE '%%notification_queue%%'"
+        wait_until(
+            lambda: lock_waiters(other, "%notification_queue%", "advisory") == 1,
+            "the claim to wait after its snapshot",
+            30.0,
         )
-        for _ in range(600):
-            if other.execute(waiting).fetchone() == (1,):
-                break
-            threading.Event().wait(0.05)
-        else:
-            raise AssertionError("the claim never waited after its snapshot")
         other.execute("UPDATE notifications SET body = 'changed' WHERE id = %s", (changed,))
-        other.execute("SELECT pg_advisory_unlock(4242)")
+        other.execute("SELECT pg_advisory_unlock(%s)", (HOLD,))
         thread.join(timeout=30)
     assert not thread.is_alive()
     assert failures == []

@@ -32,6 +32,7 @@ from notifier.delivery.guards import GuardError, HttpGuard, Send, Skip, Verdict
 from notifier.models import Notification
 from notifier.providers import load_registry
 from notifier.settings import Settings, get_settings
+from tests.db_faults import lock_waiters, wait_until
 from tests.factories import MakeRow, MakeRows, SetEnv, ago, from_now
 
 # Both loopbacks: "localhost" resolves to ::1 as well as 127.0.0.1 on many machines.
@@ -416,23 +417,6 @@ def test_row_cancelled_while_its_guard_is_asked_is_not_sent(
     assert (report.claimed, report.sent) == (1, 0)
 
 
-def _lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    """Sessions of this database waiting for a lock."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 @pytest.mark.usefixtures("loopback_webhooks")
 def test_rows_cancelled_between_claim_and_send_are_not_sent(
     engine: Engine,
@@ -472,10 +456,12 @@ def test_rows_cancelled_between_claim_and_send_are_not_sent(
         blocker.execute("LOCK TABLE notifications IN SHARE MODE")
         dispatching = threading.Thread(target=lambda: reports.append(dispatcher.run_once()))
         dispatching.start()
-        _wait(lambda: _lock_waiters(monitor) == 1, "the claim to wait for the table")
+        wait_until(lambda: lock_waiters(monitor) == 1, "the claim to wait for the table", 10.0)
         cancelling = threading.Thread(target=producer)
         cancelling.start()
-        _wait(lambda: _lock_waiters(monitor) == 2, "the producer to queue behind the claim")
+        wait_until(
+            lambda: lock_waiters(monitor) == 2, "the producer to queue behind the claim", 10.0
+        )
         blocker.commit()
         dispatching.join(10)
         cancelling.join(10)
